@@ -5,7 +5,6 @@ Note: the resources of the previous step's files. See docs/development.md#steps.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import Any, TypedDict
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
-from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.pseudonymizer import CONFIG_KEY, AnonymizationConfig, PseudonymizationError, Pseudonymized
 from tasks.clients.pseudonymizer import Pseudonymizer, resource_label
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
@@ -98,7 +97,7 @@ def pseudonymize_file(
     source = step.input_path(source_name)
     started = time.monotonic()
     dest = step.output_dir / name
-    counts = asyncio.run(pseudonymize_with_service(settings, source, dest, config, expected_resources))
+    counts = pseudonymize_with_service(settings, source, dest, config, expected_resources)
     report = FileReport(
         file=source.name,
         resources_in=counts.resources_in,
@@ -113,8 +112,12 @@ def pseudonymize_file(
 pseudonymize_files = batch_task("pseudonymize-files", "pseudonymize", pseudonymize_file)
 
 
-async def pseudonymize_with_service(
-    settings: Settings, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
+def pseudonymize_with_service(
+    settings: Settings,
+    source: Path,
+    dest: Path,
+    config: AnonymizationConfig | None,
+    expected_resources: int | None,
 ) -> FileCounts:
     configured = settings.services.pseudonymizer
     if not configured.url:
@@ -122,52 +125,45 @@ async def pseudonymize_with_service(
     timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
     setting = "services.pseudonymizer.url"
     endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting)
-    async with build_async_client(endpoint, settings.tls) as client:
+    with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         service = Pseudonymizer(
             client,
-            settings.retry,
             config=config,
             split_threshold_mb=configured.bundle_split_threshold_mb,
-            max_concurrent_requests=configured.max_concurrent_requests,
             max_answer_bytes=settings.pipeline.max_ndjson_line_size_bytes,
         )
-        return await pseudonymize_path(
+        return pseudonymize_path(
             source,
             dest,
             service,
             **ndjson_written(settings),
-            window=window_size(configured.max_concurrent_requests),
+            concurrency=configured.max_concurrent_requests,
             expected_resources=expected_resources,
         )
 
 
-def window_size(max_concurrent_requests: int) -> int:
-    """Resources read ahead: twice the requests in flight, so a slow one does not stall the others."""
-    return 2 * max_concurrent_requests
-
-
-async def pseudonymize_path(
+def pseudonymize_path(
     source: Path,
     dest: Path,
     service: Pseudonymizer,
     *,
     level: CompressionLevel | None,
     max_line_bytes: int,
-    window: int,
+    concurrency: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify every resource of ``source`` into ``dest`` in input order, at most ``window`` pending."""
+    """De-identify ``source`` into ``dest`` in input order, ``concurrency`` requests in flight."""
     counts = FileCounts()
 
-    def resources() -> Iterator[tuple[int, bytes, dict]]:
+    def resources() -> Iterator[tuple[int, bytes, dict[str, Any]]]:
         for line_number, line in iter_lines(source, max_line_bytes):
             yield line_number, line, parse_resource(source, line_number, line)
             counts.resources_in += 1
 
-    async def pseudonymize(item: tuple[int, bytes, dict]) -> Pseudonymized:
+    def pseudonymize(item: tuple[int, bytes, dict[str, Any]]) -> Pseudonymized:
         line_number, line, resource = item
         try:
-            return await service.pseudonymize(line, resource)
+            return service.pseudonymize(line, resource)
         except (ServiceError, PseudonymizationError) as exc:
             hint = f"; {TOO_LARGE_HINT}" if isinstance(exc, ServiceError) and exc.status_code == 413 else ""
             message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
@@ -178,12 +174,13 @@ async def pseudonymize_path(
         counts.bundles_split += result.split
         return result.line, 1
 
-    counts.written = await write_answers(
+    counts.written = write_answers(
         resources(),
         pseudonymize,
         written,
         dest,
-        window=window,
+        workers=concurrency,
+        window=2 * concurrency,  # read ahead: a slow request does not stall the others
         level=level,
         line_limit=max_line_bytes,
         progress=(f"pseudonymize {source.name}", expected_resources),

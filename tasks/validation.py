@@ -5,7 +5,6 @@ See docs/development.md#steps.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
@@ -19,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
-from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
@@ -101,48 +100,48 @@ def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int 
     """
     settings = settings_of(step)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
-    return asyncio.run(validate_with_service(settings, step.input_path(name), dest, chunk_size_mb, expected))
+    return validate_with_service(settings, step.input_path(name), dest, chunk_size_mb, expected)
 
 
 validate_files = batch_task("validate-files", "validate", validate_file)
 
 
-async def validate_with_service(
+def validate_with_service(
     settings: Settings, source: Path, dest: Path, chunk_size_mb: int, expected_resources: int | None
 ) -> FileValidation:
     service = settings.services.validation
     assert service.url is not None
     connections, timeout = max(100, service.max_concurrent_requests), http_timeout(READ_TIMEOUT)
     endpoint = ServiceEndpoint("validation", service.url, None, timeout, connections, setting="services.validation.url")
-    async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
-        return await validate_path(
+    with ServiceClient(endpoint, settings.tls, settings.retry) as client:
+        return validate_path(
             source,
             dest,
             Validator(client),
             chunk_bytes=chunk_size_mb * MB,
-            window=service.max_concurrent_requests,
+            concurrency=service.max_concurrent_requests,
             **ndjson_written(settings),
             expected_resources=expected_resources,
         )
 
 
-async def validate_path(
+def validate_path(
     source: Path,
     dest: Path,
     validator: Validator,
     *,
     chunk_bytes: int,
-    window: int,
+    concurrency: int,
     level: CompressionLevel | None,
     max_line_bytes: int,
     expected_resources: int | None = None,
 ) -> FileValidation:
-    """Validate ``source`` chunk by chunk, ``window`` requests in flight, into the report ``dest`` (atomic)."""
+    """Validate ``source`` chunk by chunk, ``concurrency`` in flight, into the report ``dest``."""
     found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))  # until written
 
-    async def validate(chunk: Chunk) -> dict[str, Any]:
+    def validate(chunk: Chunk) -> dict[str, Any]:
         try:
-            return await validator.validate(chunk, source.name)
+            return validator.validate(chunk, source.name)
         except (ServiceError, ValidationServiceError) as exc:
             raise StepError(chunk_failure(source, chunk, exc)) from exc
 
@@ -151,12 +150,13 @@ async def validate_path(
         return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
 
     chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
-    stats = await write_answers(
+    stats = write_answers(
         chunks,
         validate,
         written,
         dest,
-        window=window,
+        workers=concurrency,
+        window=concurrency,
         level=level,
         line_limit=REPORT_LINE_LIMIT,
         progress=(f"validate {source.name}", expected_resources),

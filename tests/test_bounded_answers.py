@@ -8,7 +8,6 @@ counts, never by timing.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import socket
@@ -27,7 +26,7 @@ from tasks.clients.auth import TokenSource
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import ExtractionTaskClient
 from tasks.clients.extraction_server import ExtractionServerClient
-from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, trusted_context
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, trusted_context
 from tasks.http_import import fetch_ndjson
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
@@ -168,18 +167,6 @@ def test_a_redirects_huge_declared_body_is_not_read_on_a_plain_request(script, s
     assert script.settled()["/start"] < UNREAD_LIMIT
 
 
-def test_a_redirects_huge_body_is_not_read_by_the_async_client(script, server):
-    redirect_to_final(script)
-
-    async def run() -> bytes:
-        async with build_async_client(ServiceEndpoint("svc", server.base_url), TLS) as client:
-            async with client.stream("GET", "/start") as response:
-                return await response.aread()
-
-    assert asyncio.run(run()) == b"final"
-    assert script.settled()["/start"] < UNREAD_LIMIT
-
-
 def test_a_401s_huge_body_is_not_read_before_the_request_goes_again_with_a_fresh_token(script, server):
     oauth = OAuthState()
     script.replies["/data"] = [endless(401), Reply(200, body=b"data")]
@@ -221,17 +208,8 @@ def requested(server: LoopbackServer) -> bytes:
         return client.request("GET", "/data", operation="read").content
 
 
-def requested_async(server: LoopbackServer) -> bytes:
-    async def run() -> bytes:
-        async with build_async_client(ServiceEndpoint("svc", server.base_url), TLS) as client:
-            async with client.stream("GET", "/data") as response:
-                return await response.aread()
-
-    return asyncio.run(run())
-
-
 @pytest.mark.parametrize("encoding", ["zstd", "gzip"])
-@pytest.mark.parametrize("call", [streamed, requested, requested_async])
+@pytest.mark.parametrize("call", [streamed, requested])
 def test_a_compressed_answer_is_refused_before_it_is_decoded(script, server, call, encoding):
     script.replies["/data"] = [bomb_reply(encoding)]
     with pytest.raises(

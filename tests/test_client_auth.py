@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import time
@@ -14,7 +13,7 @@ from config.services import AuthSettings, S3Settings, SendSettings
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.bounds import ReplayableBody
-from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
@@ -138,12 +137,6 @@ def test_one_token_serves_every_client_of_the_same_issuer_and_client_id(resource
         assert first.get("/a").status_code == 200
     with build_client(ServiceEndpoint("pseudonymizer", resource.base_url, auth), TLS) as second:
         assert second.get("/b").status_code == 200
-
-    async def async_call() -> int:
-        async with build_async_client(ServiceEndpoint("send", resource.base_url, auth), TLS) as client:
-            return (await client.get("/c")).status_code
-
-    assert asyncio.run(async_call()) == 200
     assert len(oauth.token_requests) == 1
 
 
@@ -205,19 +198,6 @@ def test_a_second_401_after_a_fresh_token_is_reported_not_retried_again(resource
     assert "invalid or expired token" in raised.value.message
     assert len(oauth.token_requests) == 2
     assert len(oauth.resource_requests) == 2
-
-
-def test_async_client_replaces_a_rejected_token_once(resource, issuer, oauth):
-    async def scenario() -> list[int]:
-        endpoint = ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth))
-        async with build_async_client(endpoint, TLS) as client:
-            first = await client.get("/before")
-            oauth.revoke_all()
-            second = await client.get("/after")
-        return [first.status_code, second.status_code]
-
-    assert asyncio.run(scenario()) == [200, 200]
-    assert len(oauth.token_requests) == 2
 
 
 def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_secret(resource, issuer, oauth):

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import socket
+import threading
+import time
 from datetime import datetime, timedelta, UTC
 from email.utils import format_datetime
 
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
+from tasks.clients.bounds import Deadline
 from tasks.clients.errors import ServiceError, parse_retry_after
-from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.streams.fanout import Cancelled, cancel_scope
+from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
@@ -184,19 +189,40 @@ def test_unreachable_service_ends_as_a_transient_network_error(sleep):
     assert sleep.waits == [0.1, 0.2]
 
 
-def test_async_requests_retry_with_the_same_schedule():
+def test_requests_within_a_deadline_retry_with_the_same_schedule():
     waits: list[float] = []
-
-    async def fake_sleep(seconds: float) -> None:
-        waits.append(seconds)
-
-    async def scenario(base_url: str) -> int:
-        endpoint = ServiceEndpoint("pseudonymizer", base_url)
-        async with AsyncServiceClient(endpoint, TLS, RETRY, sleep=fake_sleep) as client:
-            response = await client.request("POST", "/fhir/$de-identify", operation="pseudonymize", json={})
-            return response.status_code
+    deadline = functools.partial(Deadline, 10.0, "a test's deadline")
 
     with serve(Reply(503), Reply(reset=True), Reply(429, {"Retry-After": "0.5"})) as server:
-        assert asyncio.run(scenario(server.base_url)) == 200
+        endpoint = ServiceEndpoint("pseudonymizer", server.base_url)
+        with ServiceClient(endpoint, TLS, RETRY, sleep=waits.append) as client:
+            request = {"operation": "pseudonymize", "deadline": deadline, "body": b"{}"}
+            assert client.request("POST", "/fhir/$de-identify", **request).status_code == 200
         assert len(server.state.requests) == 4
     assert waits == [0.1, 0.2, 0.5]
+
+
+def test_a_failed_call_of_a_cancelled_fan_out_is_neither_retried_nor_logged_as_retrying(caplog):
+    with serve(Reply(503)) as server, cancel_scope() as cancel:
+        cancel()
+        with ServiceClient(ServiceEndpoint("pseudonymizer", server.base_url), TLS, RETRY) as client:
+            with pytest.raises(Cancelled):
+                client.request("POST", "/fhir/$de-identify", operation="pseudonymize", json={})
+        assert len(server.state.requests) == 1
+    assert "retrying" not in caplog.text
+
+
+def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_service_holds_it():
+    deadline = functools.partial(Deadline, 120.0, "a test's deadline")
+    with serve(Reply(delay=20)) as server, cancel_scope() as cancel:
+
+        def cancel_once_sent() -> None:
+            wait_until(lambda: server.state.requests, "the request reached the service")
+            cancel()
+
+        threading.Thread(target=cancel_once_sent, daemon=True).start()
+        started = time.monotonic()
+        with ServiceClient(ServiceEndpoint("validation", server.base_url), TLS, RETRY) as client:
+            with pytest.raises(Cancelled):
+                client.request("POST", "/validateResource", operation="validate", deadline=deadline, body=b"{}")
+        assert time.monotonic() - started < 10

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -12,7 +11,7 @@ from config.settings import TlsSettings
 from tasks.clients.auth import origin_of
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import ExtractionServerClient
-from tasks.clients.http import ServiceEndpoint, build_async_client, build_client
+from tasks.clients.http import ServiceEndpoint, build_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
@@ -106,18 +105,6 @@ def test_a_request_with_a_body_is_never_sent_on_by_a_redirect(service, elsewhere
     assert f"the server redirects to {elsewhere.base_url}/fhir" in str(refused.value)
     assert "set the service's URL in the configuration" in str(refused.value) and not refused.value.transient
     assert elsewhere.state.requests == [] and len(service.state.requests) == 1
-
-
-def test_async_client_drops_credentials_on_a_cross_origin_redirect(service, elsewhere, auth):
-    service.state.replies.append(Reply(301, {"Location": f"{elsewhere.base_url}/moved"}))
-
-    async def follow() -> int:
-        async with build_async_client(ServiceEndpoint("pseudonymizer", service.base_url, auth), TLS) as client:
-            return (await client.get("/old")).status_code
-
-    assert asyncio.run(follow()) == 200
-    assert credentials_seen(service) == [{"authorization", "x-api-key"}]
-    assert credentials_seen(elsewhere) == [set()]
 
 
 def test_withheld_credentials_are_logged_once_per_origin(service, elsewhere, caplog):

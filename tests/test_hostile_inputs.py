@@ -6,7 +6,6 @@ nothing half-written left or taken as finished, and no secret in what leaves the
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import fcntl
 import logging
@@ -31,7 +30,7 @@ from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download
 from tasks.clients.errors import ServiceError
 from tasks.core.redaction import redact, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
-from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import read_json_file, read_settings_file
@@ -373,15 +372,15 @@ def test_the_pseudonymizer_timeout_bounds_the_whole_request(tmp_path) -> None:
     with LoopbackServer(DrippingHandler, stop) as server:
         endpoint = ServiceEndpoint("pseudonymizer", server.base_url, None, http_timeout(timedelta(seconds=1)))
 
-        async def pseudonymize() -> None:
-            async with build_async_client(endpoint, TLS) as client:
-                service = Pseudonymizer(client, NO_RETRY)
-                await service.pseudonymize(b'{"resourceType":"Patient"}', {"resourceType": "Patient"})
+        def pseudonymize() -> None:
+            with ServiceClient(endpoint, TLS, NO_RETRY) as client:
+                service = Pseudonymizer(client)
+                service.pseudonymize(b'{"resourceType":"Patient"}', {"resourceType": "Patient"})
 
         started = time.monotonic()
         try:
             with pytest.raises(ServiceError) as error:
-                asyncio.run(pseudonymize())
+                pseudonymize()
         finally:
             stop.set()
     assert time.monotonic() - started < 10  # a per-read timeout would wait forever

@@ -8,7 +8,6 @@ Prefect database (logs, artifacts, states).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import logging
 import os
@@ -30,7 +29,7 @@ from tasks.clients.errors import ServiceError
 from tasks.core.redaction import RedactingFilter, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
-from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import Validator, iter_chunks
 from tasks.core.errors import StepError
 from tests.support.ndjson import iter_resources
@@ -157,20 +156,17 @@ def test_a_secret_a_validator_quotes_back_reaches_no_report_summary_or_log(valid
     source = tmp_path / "in.ndjson"
     source.write_bytes(b"".join(orjson.dumps(patient(i)) + b"\n" for i in range(3)))
 
-    async def run() -> Any:
-        endpoint = ServiceEndpoint("validation", validator_fake.base_url)
-        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
-            return await validate_path(
-                source,
-                tmp_path / "report.ndjson",
-                Validator(client),
-                chunk_bytes=MB,
-                window=2,
-                level=None,
-                max_line_bytes=MB,
-            )
-
-    checked = asyncio.run(run())
+    endpoint = ServiceEndpoint("validation", validator_fake.base_url)
+    with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+        checked = validate_path(
+            source,
+            tmp_path / "report.ndjson",
+            Validator(client),
+            chunk_bytes=MB,
+            concurrency=2,
+            level=None,
+            max_line_bytes=MB,
+        )
 
     assert checked.errors == 1 and "the request came with Authorization: ***" in checked.first_errors[0]
     report = (tmp_path / "report.ndjson").read_bytes()
@@ -225,12 +221,9 @@ def one_chunk():
 
 
 def validate_chunk(server: LoopbackServer, **options: Any) -> dict[str, Any]:
-    async def run() -> dict[str, Any]:
-        endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(READ_TIMEOUT))
-        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
-            return await Validator(client, **options).validate(one_chunk(), "a.ndjson")
-
-    return asyncio.run(run())
+    endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(READ_TIMEOUT))
+    with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+        return Validator(client, **options).validate(one_chunk(), "a.ndjson")
 
 
 def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_retried(validator_fake):
@@ -251,7 +244,7 @@ def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_
 def test_a_validator_answer_over_the_cap_is_refused_without_being_read_whole(validator_fake, chunked):
     validator_fake.state.reset(answer_padding=200 * MB, chunked_answer=chunked)
     size = "over 1.0 MB" if chunked else "200.0 MB"
-    expected = f"the answer is {size}, more than the 1.0 MB read from this service; lower services.validation"
+    expected = f"the answer from \\S+ is {size}, more than the 1.0 MB read from this service; lower services.validation"
     with pytest.raises(ServiceError, match=expected) as caught:
         validate_chunk(validator_fake, max_answer_bytes=MB)
     assert not caught.value.transient and len(validator_fake.state.requests) == 1
@@ -314,7 +307,8 @@ def test_a_fhir_server_answer_over_the_cap_fails_the_batch_without_being_read_wh
 def test_a_pseudonymizer_answer_over_the_cap_is_refused_without_being_read_whole(pseudonymizer_fake):
     pseudonymizer_fake.state.answer_padding = 100 * MB
     expected = (
-        "the answer is 100.0 MB, more than the 1.0 MB read from this service; .* pipeline.max_ndjson_line_size_mb"
+        "the answer from \\S+ is 100.0 MB, more than the 1.0 MB read from this service; .* "
+        "pipeline.max_ndjson_line_size_mb"
     )
     with pytest.raises(ServiceError, match=expected) as caught:
         pseudonymize(pseudonymizer_fake, patient(1), max_answer_bytes=MB)
@@ -364,18 +358,16 @@ LARGE_ANSWER = 300 * MB
 PEAK_RSS_LIMIT_MB = 400
 CHILD_TIMEOUT = 240
 VALIDATE_IN_A_CHILD = """
-import asyncio, sys
+import sys
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.validator import Validator, iter_chunks
 (chunk,) = iter_chunks([(1, b'{"resourceType":"Patient","id":"p1"}')], 1 << 20, "a.ndjson")
-async def run():
-    endpoint = ServiceEndpoint("validation", sys.argv[1])
-    async with AsyncServiceClient(endpoint, TlsSettings(), RetrySettings(max_attempts=1)) as client:
-        await Validator(client).validate(chunk, "a.ndjson")
+endpoint = ServiceEndpoint("validation", sys.argv[1])
 try:
-    asyncio.run(run())
+    with ServiceClient(endpoint, TlsSettings(), RetrySettings(max_attempts=1)) as client:
+        Validator(client).validate(chunk, "a.ndjson")
 except ServiceError as exc:
     print(exc)
 """
@@ -411,7 +403,7 @@ def run_child(script: str, *args: str) -> tuple[str, float]:
 def test_a_300_mb_validator_answer_keeps_the_clients_peak_rss_under_400_mb(validator_fake):
     validator_fake.state.reset(answer_padding=LARGE_ANSWER, chunked_answer=True, shallow=True)
     output, peak_mb = run_child(VALIDATE_IN_A_CHILD, validator_fake.base_url)
-    assert "the answer is over 64.0 MB, more than the 64.0 MB read from this service" in output
+    assert "/validateResource is over 64.0 MB, more than the 64.0 MB read from this service" in output
     assert peak_mb < PEAK_RSS_LIMIT_MB
 
 

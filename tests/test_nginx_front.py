@@ -6,7 +6,6 @@ out chunked before it declared its length."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -97,11 +96,9 @@ def download_file(http, url: str, folder: Path):
 
 
 def pseudonymize_file(url: str, front: NginxFront, source: Path, dest: Path, **options):
-    async def run():
-        async with open_service(url, tls=tls(front), max_concurrent_requests=4, **options) as service:
-            return await pseudonymize_path(source, dest, service, level="fastest", max_line_bytes=16 * MB, window=8)
-
-    return asyncio.run(run())
+    with open_service(url, tls=tls(front), **options) as service:
+        written = {"level": "fastest", "max_line_bytes": 16 * MB}
+        return pseudonymize_path(source, dest, service, **written, concurrency=4)
 
 
 def test_a_file_is_pseudonymized_through_nginx(nginx_front, fakes, tmp_path):

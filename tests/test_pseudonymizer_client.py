@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import itertools
@@ -29,6 +28,8 @@ from tasks.clients.pseudonymizer import (
     resource_label,
     split_bundle,
 )
+from tasks.pseudonymizer import pseudonymize_path
+from tests.support.ndjson import write_lines
 from tests.support.pseudonymization import (
     OVERRIDE_CONFIG,
     ConcurrencyProbe,
@@ -249,20 +250,18 @@ def test_a_failing_chunk_fails_the_bundle_with_the_services_error(pseudonymizer_
             pseudonymizer_fake,
             observation_bundle(count=30, pad=100_000),
             split_threshold_mb=1,
-            max_concurrent_requests=1,
         )
     assert caught.value.status_code == 422
 
 
-def test_no_more_than_max_concurrent_requests_are_in_flight(pseudonymizer_fake):
+def test_no_more_than_max_concurrent_requests_are_in_flight(pseudonymizer_fake, tmp_path):
     probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.03, fill=3)
     pseudonymizer_fake.state.reset(status_hook=probe)
+    source = write_lines(tmp_path / "Patient.ndjson", [patient(i) for i in range(12)])
 
-    async def run():
-        async with open_service(pseudonymizer_fake, max_concurrent_requests=3) as service:
-            await asyncio.gather(*(service.pseudonymize(orjson.dumps(patient(i)), patient(i)) for i in range(12)))
-
-    asyncio.run(run())
+    with open_service(pseudonymizer_fake) as service:
+        written = {"level": None, "max_line_bytes": MB}
+        pseudonymize_path(source, tmp_path / "out.ndjson", service, **written, concurrency=3)
     assert probe.most_in_flight == 3
 
 
@@ -334,8 +333,5 @@ def test_a_bundle_nested_deeper_than_json_is_written_fails_clearly_before_any_re
 def pseudonymize_line(pseudonymizer_fake, line: bytes, **options):
     """``pseudonymize`` of a line as written (numbers as they are), not of a dict orjson writes."""
 
-    async def run():
-        async with open_service(pseudonymizer_fake, **options) as service:
-            return await service.pseudonymize(line, orjson.loads(line))
-
-    return asyncio.run(run())
+    with open_service(pseudonymizer_fake, **options) as service:
+        return service.pseudonymize(line, orjson.loads(line))

@@ -9,7 +9,6 @@ OAuth token request goes to the OAuth fake, which reads only ``Content-Length`` 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
-from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, build_async_client
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.pseudonymizer import AnonymizationConfig, Pseudonymizer
 from tasks.clients.validator import Chunk, Validator
 from tests.fakes._server import LoopbackServer
@@ -47,20 +46,14 @@ def pseudonymize(base_url: str, tmp_path: Path) -> object:
     config = tmp_path / "anonymization.yml"
     config.write_text("fhirPathRules:\n  - path: Patient.name\n    method: redact\n")
 
-    async def scenario() -> bytes:
-        async with build_async_client(ServiceEndpoint("pseudonymizer", base_url), TLS) as client:
-            pseudonymizer = Pseudonymizer(client, RETRY, config=AnonymizationConfig.read(config))
-            return (await pseudonymizer.pseudonymize(PATIENT, json.loads(PATIENT))).line
-
-    return asyncio.run(scenario())
+    with ServiceClient(ServiceEndpoint("pseudonymizer", base_url), TLS, RETRY) as client:
+        pseudonymizer = Pseudonymizer(client, config=AnonymizationConfig.read(config))
+        return pseudonymizer.pseudonymize(PATIENT, json.loads(PATIENT)).line
 
 
 def validate(base_url: str, tmp_path: Path) -> object:
-    async def scenario() -> dict:
-        async with AsyncServiceClient(ServiceEndpoint("validation", base_url), TLS, RETRY) as client:
-            return await Validator(client).validate(Chunk(1, PATIENT + b"\n", ("Patient/p1",)), "a.ndjson")
-
-    return asyncio.run(scenario())["resourceType"]
+    with ServiceClient(ServiceEndpoint("validation", base_url), TLS, RETRY) as client:
+        return Validator(client).validate(Chunk(1, PATIENT + b"\n", ("Patient/p1",)), "a.ndjson")["resourceType"]
 
 
 def remote_run(base_url: str, tmp_path: Path) -> object:
@@ -146,12 +139,9 @@ def test_the_oauth_token_request_declares_its_length(tmp_path):
             oauth_client_secret=state.client_secret,
         )
 
-        async def scenario() -> dict:
-            endpoint = ServiceEndpoint("validation", server.base_url, auth)
-            async with AsyncServiceClient(endpoint, TLS, RETRY) as client:
-                return await Validator(client).validate(Chunk(1, PATIENT + b"\n", ("Patient/p1",)), "a.ndjson")
-
-        assert asyncio.run(scenario())["resourceType"] == "OperationOutcome"
+        with ServiceClient(ServiceEndpoint("validation", server.base_url, auth), TLS, RETRY) as client:
+            outcome = Validator(client).validate(Chunk(1, PATIENT + b"\n", ("Patient/p1",)), "a.ndjson")
+        assert outcome["resourceType"] == "OperationOutcome"
         [request] = server.state.requests
     assert state.token_requests, "no token was requested"  # the OAuth fake refuses a chunked token request
     assert request.headers["authorization"].startswith("Bearer ")

@@ -13,7 +13,6 @@ silence, so ``retry.max_attempts`` does not bound it; it honours Retry-After the
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
@@ -31,7 +30,7 @@ from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
-from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, build_async_client, build_client
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.clients.validator import Chunk, Validator
 from tasks.http_import import fetch_ndjson
@@ -79,19 +78,13 @@ def http_import(base_url: str, tmp_path: Path) -> object:
 
 
 def pseudonymize(base_url: str, tmp_path: Path) -> object:
-    async def scenario() -> bytes:
-        async with build_async_client(ServiceEndpoint("pseudonymizer", base_url), TLS) as client:
-            return (await Pseudonymizer(client, RETRY).pseudonymize(PATIENT, json.loads(PATIENT))).line
-
-    return asyncio.run(scenario())
+    with ServiceClient(ServiceEndpoint("pseudonymizer", base_url), TLS, RETRY) as client:
+        return Pseudonymizer(client).pseudonymize(PATIENT, json.loads(PATIENT)).line
 
 
 def validate(base_url: str, tmp_path: Path) -> object:
-    async def scenario() -> dict:
-        async with AsyncServiceClient(ServiceEndpoint("validation", base_url), TLS, RETRY) as client:
-            return await Validator(client).validate(Chunk(1, PATIENT, ("Patient/p1",)), "a.ndjson")
-
-    return asyncio.run(scenario())["resourceType"]
+    with ServiceClient(ServiceEndpoint("validation", base_url), TLS, RETRY) as client:
+        return Validator(client).validate(Chunk(1, PATIENT, ("Patient/p1",)), "a.ndjson")["resourceType"]
 
 
 def read_from_fhir_server(base_url: str, tmp_path: Path) -> object:

@@ -4,7 +4,6 @@ one (a result file's host, a redirect's target), does not name it."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ def patients(tmp_path: Path) -> Path:
 def test_the_pseudonymizer_step_names_services_pseudonymizer_url(dead, tmp_path):
     configured = settings(["local_import", "pseudonymizer"], pseudonymizer={"url": dead})
     with pytest.raises(Exception) as raised:
-        asyncio.run(pseudonymize_with_service(configured, patients(tmp_path), tmp_path / "out.zst", None, None))
+        pseudonymize_with_service(configured, patients(tmp_path), tmp_path / "out.zst", None, None)
 
     message = str(raised.value)
     assert nothing_answers(dead, "services.pseudonymizer.url") in message
@@ -70,7 +69,7 @@ def test_the_pseudonymizer_step_names_services_pseudonymizer_url(dead, tmp_path)
 def test_the_validation_step_names_services_validation_url(dead, tmp_path):
     configured = settings(["local_import", "validation"], validation={"url": dead})
     with pytest.raises(Exception) as raised:
-        asyncio.run(validate_with_service(configured, patients(tmp_path), tmp_path / "out.zst", 1, None))
+        validate_with_service(configured, patients(tmp_path), tmp_path / "out.zst", 1, None)
 
     assert nothing_answers(dead, "services.validation.url") in str(raised.value)
 
@@ -154,7 +153,7 @@ def test_an_oauth_issuer_where_nothing_answers_names_its_key(dead, tmp_path):
         pseudonymizer = {"url": service.base_url, "auth": auth}
         configured = settings(["local_import", "pseudonymizer"], pseudonymizer=pseudonymizer)
         with pytest.raises(Exception) as raised:
-            asyncio.run(pseudonymize_with_service(configured, patients(tmp_path), tmp_path / "out.zst", None, None))
+            pseudonymize_with_service(configured, patients(tmp_path), tmp_path / "out.zst", None, None)
         assert service.state.requests == []
 
     assert nothing_answers(dead, "services.pseudonymizer.auth.oauth_issuer_uri") in str(raised.value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -11,7 +10,7 @@ import pytest
 
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import (
     BODY_PREFIX,
     BODY_SUFFIX,
@@ -51,12 +50,9 @@ def entries(chunk: Chunk) -> list[dict[str, Any]]:
 
 
 def validate(server: LoopbackServer, chunk: Chunk, read_timeout: float = 10) -> dict[str, Any]:
-    async def run() -> dict[str, Any]:
-        endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(timedelta(seconds=read_timeout)))
-        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
-            return await Validator(client).validate(chunk, "a.ndjson")
-
-    return asyncio.run(run())
+    endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(timedelta(seconds=read_timeout)))
+    with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+        return Validator(client).validate(chunk, "a.ndjson")
 
 
 def one_chunk(*resources: dict[str, Any]) -> Chunk:

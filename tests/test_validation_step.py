@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import threading
@@ -14,7 +13,7 @@ import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
-from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.validator import MB, Validator
 from tasks.core.errors import StepError
 from tests.support.ndjson import iter_resources
@@ -30,20 +29,17 @@ FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=
 def run_file(
     server: LoopbackServer, source: Path, dest: Path, chunk_bytes: int = MB, window: int = 4
 ) -> FileValidation:
-    async def run() -> FileValidation:
-        endpoint = ServiceEndpoint("validation", server.base_url)
-        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
-            return await validate_path(
-                source,
-                dest,
-                Validator(client),
-                chunk_bytes=chunk_bytes,
-                window=window,
-                level="fastest",
-                max_line_bytes=8 * MB,
-            )
-
-    return asyncio.run(run())
+    endpoint = ServiceEndpoint("validation", server.base_url)
+    with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+        return validate_path(
+            source,
+            dest,
+            Validator(client),
+            chunk_bytes=chunk_bytes,
+            concurrency=window,
+            level="fastest",
+            max_line_bytes=8 * MB,
+        )
 
 
 def report_lines(path: Path) -> list[dict[str, Any]]:

@@ -12,13 +12,11 @@ import ssl
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, Generator
-from dataclasses import dataclass
+from collections.abc import Generator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import anyio.to_thread
 import httpx
 import orjson
 
@@ -141,9 +139,6 @@ class TokenSource:
             if self._token is None or due or self._token == rejected:
                 self._token, self._renew_at = self._fetch()
             return self._token
-
-    async def access_token_async(self, *, rejected: str | None = None) -> str:
-        return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> tuple[str, float | None]:
         """Discover the endpoint (once) and request a token, within the source's deadline.
@@ -283,24 +278,6 @@ def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
     return auth.username, auth.password.get_secret_value()
 
 
-@dataclass(frozen=True)
-class _NeedToken:
-    """Asked by the shared flow; the sync or async driver answers with an access token of ``tokens``."""
-
-    tokens: TokenSource
-    rejected: str | None = None
-
-
-_Flow = Generator["_NeedToken | httpx.Request", Any, None]  # sent a token for a _NeedToken, a response for a request
-
-
-def _advance(flow: _Flow, answer: object) -> _NeedToken | httpx.Request | None:
-    try:
-        return flow.send(answer)
-    except StopIteration:
-        return None
-
-
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
@@ -338,47 +315,26 @@ class ServiceAuth(httpx.Auth):
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         if self._tokens is not None and not replayable(request):
             request.read()  # a 401 is answered by sending the same request again
-        flow = self._flow(request)
-        answer: str | httpx.Response | None = None  # None starts the flow
-        with naming_setting(self.issuer_setting, self._issuer):  # a token's request
-            while (ask := _advance(flow, answer)) is not None:
-                if isinstance(ask, _NeedToken):
-                    answer = ask.tokens.access_token(rejected=ask.rejected)
-                else:
-                    answer = yield ask
-
-    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        if self._tokens is not None and not replayable(request):
-            await request.aread()
-        flow = self._flow(request)
-        answer: str | httpx.Response | None = None  # None starts the flow
-        with naming_setting(self.issuer_setting, self._issuer):
-            while (ask := _advance(flow, answer)) is not None:
-                if isinstance(ask, _NeedToken):
-                    answer = await ask.tokens.access_token_async(rejected=ask.rejected)
-                else:
-                    answer = yield ask
-
-    def _flow(self, request: httpx.Request) -> _Flow:
-        """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
         renewed = False
         rejected: str | None = None
         visited = {request.url}
-        while True:
-            token = yield from self._scope_credentials(request, rejected)
-            response = yield request
-            if token is not None and response.status_code == 401 and not renewed:
-                log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
-                renewed, rejected = True, token
+        with naming_setting(self.issuer_setting, self._issuer):  # a token's request
+            while True:
+                token = self._scope_credentials(request, rejected)
+                response = yield request
+                assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
+                if token is not None and response.status_code == 401 and not renewed:
+                    log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
+                    renewed, rejected = True, token
+                    response.stream = UnreadBody(response.stream)
+                    continue
+                rejected = None
+                if response.next_request is None:
+                    return
+                request = response.next_request
+                self._check_hop(response, request.url, visited)
+                visited.add(request.url)
                 response.stream = UnreadBody(response.stream)
-                continue
-            rejected = None
-            if response.next_request is None:
-                return
-            request = response.next_request
-            self._check_hop(response, request.url, visited)
-            visited.add(request.url)
-            response.stream = UnreadBody(response.stream)
 
     def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
         """Refuse a loop, a Location with user info, and redirecting a request with a body.
@@ -417,14 +373,12 @@ class ServiceAuth(httpx.Auth):
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
 
-    def _scope_credentials(
-        self, request: httpx.Request, rejected: str | None
-    ) -> Generator[_NeedToken, Any, str | None]:
+    def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
         """Attach credentials for the service's origin, strip them for any other; returns the bearer token used."""
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
-        token = (yield _NeedToken(self._tokens, rejected)) if self._tokens is not None else None
+        token = None if self._tokens is None else self._tokens.access_token(rejected=rejected)
         if self._basic is not None:
             next(self._basic.auth_flow(request))
         if token is not None:

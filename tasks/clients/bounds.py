@@ -5,13 +5,15 @@ Note: also the bodies the clients stream. See docs/development.md#service-client
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import heapq
+import itertools
+import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, NotRequired, TypeVar, Unpack
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NotRequired, Unpack
 
 import httpx
 
@@ -19,7 +21,6 @@ from tasks.clients.errors import Call, ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
-T = TypeVar("T")
 MB = 1024 * 1024
 UPLOAD_PIECE = MB  # a request body goes out in pieces of this size, the deadline checked before each
 OWN_CONNECTION = {"Connection": "close"}  # for a connection its deadline can shut down (Deadline.watch)
@@ -40,7 +41,6 @@ class Deadline:
         self._end = time.monotonic() + seconds
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
 
     def check(self, operation: str, service: str | None) -> None:
         if self.passed():
@@ -56,23 +56,21 @@ class Deadline:
         drips its headers.
         Note: call ``release`` when the answer is closed.
         """
-        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
-        self._timer.daemon = True
-        self._timer.start()
+        _WATCHDOG.watch(self._end, self)
         return {"trace": self._note_connection}
 
     def release(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        with self._lock:
+            self._sockets = []  # closed with the answer; nothing left to shut down
 
     def _note_connection(self, event: str, info: dict[str, Any]) -> None:
         if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
             with self._lock:
                 self._sockets.append(info["return_value"].get_extra_info("socket"))
             if self.passed():
-                self._shut_down()
+                self.shut_down()
 
-    def _shut_down(self) -> None:
+    def shut_down(self) -> None:
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
@@ -96,6 +94,40 @@ class Deadline:
             yield piece
 
 
+class _Watchdog:
+    """One thread per process that shuts down the connections of the deadlines that pass.
+
+    Why:
+    - A timer thread per request cost each of the pseudonymizer's many small requests a thread start.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Deadline]] = []
+        self._changed = threading.Condition()
+        self._order = itertools.count()
+        self._pid = 0
+
+    def watch(self, end: float, deadline: Deadline) -> None:
+        with self._changed:
+            if self._pid != os.getpid():  # the first deadline of this process (or of a fork)
+                self._pid, self._due = os.getpid(), []
+                threading.Thread(target=self._run, name="deadlines", daemon=True).start()
+            heapq.heappush(self._due, (end, next(self._order), deadline))
+            if self._due[0][2] is deadline:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                while self._due and self._due[0][0] <= now:
+                    heapq.heappop(self._due)[2].shut_down()
+                self._changed.wait(self._due[0][0] - now if self._due else None)
+
+
+_WATCHDOG = _Watchdog()
+
+
 class ReplayableBody:
     """A request body made afresh for each send, never held whole in memory.
 
@@ -109,27 +141,18 @@ class ReplayableBody:
         yield from self._make()
 
 
-class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+class UnreadBody(httpx.SyncByteStream):
     """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the next request;
     this reads nothing, and closing it closes the connection (which cannot carry another request)."""
 
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream):
         self._stream = stream
 
     def __iter__(self) -> Iterator[bytes]:
         yield from ()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        return
-        yield  # makes this an async generator: one that yields nothing
-
     def close(self) -> None:
-        assert isinstance(self._stream, httpx.SyncByteStream), "httpx closes a sync client's answers only"
         self._stream.close()
-
-    async def aclose(self) -> None:
-        assert isinstance(self._stream, httpx.AsyncByteStream), "httpx acloses an async client's answers only"
-        await self._stream.aclose()
 
 
 class CappedBody(httpx.SyncByteStream):
@@ -213,21 +236,6 @@ def in_pieces(body: bytes) -> Iterator[bytes]:
     return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
 
 
-def within_deadline(
-    attempt: Callable[[], Awaitable[T]], deadline: Deadline, *, operation: str, service: str | None
-) -> Callable[[], Awaitable[T]]:
-    """``attempt`` bounded: ``deadline.seconds`` after each start it is cancelled and the deadline's error raised."""
-
-    async def bounded() -> T:
-        try:
-            async with asyncio.timeout(deadline.seconds):
-                return await attempt()
-        except TimeoutError:
-            raise deadline.exceeded(operation, service) from None
-
-    return bounded
-
-
 def answer_too_large(
     size: str, limit: int, *, operation: str, service: str | None, hint: str, source: httpx.URL | None = None
 ) -> ServiceError:
@@ -256,17 +264,6 @@ def read_answer(
             raise answer_too_large(f"over {size_text(limit)}", limit, **where)
         if deadline is not None:
             deadline.check(where["operation"], where["service"])
-    return bytes(body)
-
-
-async def read_answer_async(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> bytes:
-    """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    _refuse_declared(response, limit, **where)
-    body = bytearray()
-    async for piece in response.aiter_bytes():
-        body += piece
-        if len(body) > limit:
-            raise answer_too_large(f"over {size_text(limit)}", limit, **where)
     return bytes(body)
 
 

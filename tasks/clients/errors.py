@@ -200,16 +200,6 @@ def raise_for_service_status(
         raise error_from_response(response, body=first_bytes(response), hints=hints, **call)
 
 
-async def raise_for_service_status_async(response: httpx.Response, **call: Unpack[Call]) -> None:
-    if response.is_error:
-        body = bytearray()
-        async for piece in response.aiter_bytes():  # a read response's content comes in one piece
-            body += piece
-            if len(body) > MAX_PARSED_BODY_BYTES:
-                break
-        raise error_from_response(response, body=bytes(body), **call)
-
-
 def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) -> bytes:
     """Return an answer's body: whole if read, else read until its end or ``limit``."""
     body = bytearray()

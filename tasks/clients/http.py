@@ -1,40 +1,37 @@
 """The one place outgoing HTTP clients are made (from a ``ServiceEndpoint``): TLS, credentials and timeouts.
 
 Redirects are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
-``ServiceClient.request`` and ``request_async`` send under ``tasks.clients.retry``'s policy and read the answer at
-most ``max_answer_bytes`` far; clients that stream a body or an answer pass their own attempt to ``call_with_retry``.
+``ServiceClient.request`` sends under ``tasks.clients.retry``'s policy and reads the answer at most
+``max_answer_bytes`` far; clients that stream a body or an answer pass their own attempt to ``call_with_retry``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
 import ssl
 from urllib.parse import urlsplit, urlunsplit
-from collections.abc import Awaitable, Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import certifi
 import httpx
 
 from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
-from tasks.clients.bounds import MB, Deadline, answered, read_answer_async, read_response, within_deadline
+from tasks.clients.bounds import MB, Deadline, answer_within, answered, read_answer
 from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
-from tasks.clients.errors import raise_for_service_status_async
-from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
+from tasks.clients.retry import call_once, call_with_retry
 from tasks.core.url_credentials import shown_url
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import pause, stopping
 
 if TYPE_CHECKING:
     from config.services import AuthSettings
     from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
-C = TypeVar("C", httpx.Client, httpx.AsyncClient)
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
 INSECURE_WARNING = (
@@ -114,14 +111,6 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
 
 
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
-    return _build(httpx.Client, endpoint, tls)
-
-
-def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.AsyncClient:
-    return _build(httpx.AsyncClient, endpoint, tls)
-
-
-def _build(client_class: type[C], endpoint: ServiceEndpoint, tls: TlsSettings) -> C:
     verify = ssl_verify(tls, purpose=endpoint.name)
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
     auth.issuer_setting = endpoint.issuer_setting
@@ -129,9 +118,7 @@ def _build(client_class: type[C], endpoint: ServiceEndpoint, tls: TlsSettings) -
         "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
         "response": [functools.partial(refuse_compressed, endpoint)],
     }
-    if client_class is httpx.AsyncClient:  # its event hooks are awaited
-        hooks = {event: [_awaitable(hook) for hook in called] for event, called in hooks.items()}
-    return client_class(
+    return httpx.Client(
         base_url=without_query(endpoint.base_url),  # its query goes with each request to its origin (auth)
         headers=AS_SENT,
         auth=auth,
@@ -141,13 +128,6 @@ def _build(client_class: type[C], endpoint: ServiceEndpoint, tls: TlsSettings) -
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
         event_hooks=hooks,
     )
-
-
-def _awaitable(hook: Callable[[Any], None]) -> Callable[[Any], Awaitable[None]]:
-    async def awaited(argument: Any) -> None:
-        hook(argument)
-
-    return awaited
 
 
 def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
@@ -169,7 +149,7 @@ def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> No
         raise ServiceError(operation, response.status_code, f"{problem}; {fix}", transient=False, service=endpoint.name)
 
 
-def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
+def service_name(client: httpx.Client) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
@@ -205,78 +185,56 @@ class ServiceClient(Closing):
     def request(
         self,
         method: str,
-        url: str | httpx.URL,
+        url: str,
         *,
         operation: str,
         once: bool = False,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         too_large_hint: str = TOO_LARGE_HINT,
         status_hints: Mapping[int, str] | None = None,
-        **request_kwargs,
+        deadline: Callable[[], Deadline] | None = None,
+        answers: Container[int] = (),
+        **request_kwargs: Any,
     ) -> httpx.Response:
-        """``http.request`` under the retry policy (``once``: for a call that could create or destroy something twice),
-        reading at most ``max_answer_bytes``; a 4xx/5xx is a ``ServiceError`` with the fix ``status_hints`` knows."""
+        """``http.request`` under the retry policy, reading at most ``max_answer_bytes``.
+
+        Note:
+        - ``once``: for a call that could create or destroy something twice (no retry).
+        - ``deadline`` makes each attempt's whole-request deadline (``answer_within``); a cancel of
+          the fan-out then ends the attempt at once (for requests that may be sent again).
+        - A 4xx/5xx not in ``answers`` is a ``ServiceError`` with the fix ``status_hints`` knows.
+        """
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:
-            with self.http.stream(method, url, **request_kwargs) as response:
-                raise_for_service_status(response, **where, hints=status_hints)
-                return read_response(response, max_answer_bytes, hint=too_large_hint, **where)
+            bound = None if deadline is None else deadline()
+            with self._answer(bound, method, url, where, request_kwargs) as response:
+                if response.status_code not in answers:
+                    raise_for_service_status(response, **where, hints=status_hints)
+                limit, hint, source = max_answer_bytes, too_large_hint, response.url
+                body = read_answer(response, limit, deadline=bound, **where, hint=hint, source=source)
+                return answered(response, body)
 
-        return call_once(attempt, **where) if once else call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
+        if once:
+            return call_once(attempt, **where)
+        return call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
 
     request_once = functools.partialmethod(request, once=True)
 
-
-class AsyncServiceClient(contextlib.AbstractAsyncContextManager):
-    """``ServiceClient`` for asyncio code (bounded fan-out of many requests on one connection pool)."""
-
-    def __init__(
+    @contextlib.contextmanager
+    def _answer(
         self,
-        endpoint: ServiceEndpoint,
-        tls: TlsSettings,
-        retry: RetrySettings,
-        *,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ):
-        self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
-        self.http = build_async_client(endpoint, tls)
-
-    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request: Any) -> httpx.Response:
-        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines."""
-        named: dict[str, Any] = {"operation": operation, "name_source": True, "sleep": self.sleep}
-        return await request_async(self.http, self.retry, method, url, **named, **request)
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.http.aclose()
-
-
-async def request_async(
-    http: httpx.AsyncClient,
-    retry: RetrySettings,
-    method: str,
-    url: str | httpx.URL,
-    *,
-    operation: str,
-    max_answer_bytes: int = MAX_ANSWER_BYTES,
-    too_large_hint: str = TOO_LARGE_HINT,
-    name_source: bool = False,
-    deadline: Deadline | None = None,
-    answers: Container[int] = (),
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    **request_kwargs: Any,
-) -> httpx.Response:
-    """``ServiceClient.request`` for an async client, each attempt within ``deadline`` when given; a status in
-    ``answers`` is no error, and ``name_source`` names the URL in the error of an answer too large."""
-    where: Call = {"operation": operation, "service": service_name(http)}
-
-    async def attempt() -> httpx.Response:
-        async with http.stream(method, url, **request_kwargs) as response:
-            if response.status_code not in answers:
-                await raise_for_service_status_async(response, **where)
-            source = response.url if name_source else None
-            body = await read_answer_async(response, max_answer_bytes, hint=too_large_hint, source=source, **where)
-            return answered(response, body)
-
-    bounded = attempt if deadline is None else within_deadline(attempt, deadline, **where)
-    return await call_with_retry_async(bounded, retry, **where, sleep=sleep)
+        deadline: Deadline | None,
+        method: str,
+        url: str,
+        where: Call,
+        request: dict[str, Any],
+    ) -> Iterator[httpx.Response]:
+        """The streamed answer; within ``deadline``, a cancelled fan-out ends it at once."""
+        if deadline is None:
+            with self.http.stream(method, url, **request) as response:
+                yield response
+            return
+        with stopping(deadline.shut_down):
+            with answer_within(self.http, deadline, method, url, **where, **request) as response:
+                yield response

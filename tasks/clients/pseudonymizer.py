@@ -6,16 +6,14 @@ Prefect. See docs/development.md#service-clients.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object
@@ -26,10 +24,7 @@ from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import BODY_LIMIT
 from tasks.core.redaction import redact
-from tasks.clients.http import FHIR_JSON_HEADERS, read_seconds, request_async
-
-if TYPE_CHECKING:
-    from config.settings import RetrySettings
+from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient, read_seconds
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
@@ -110,51 +105,47 @@ class RequestBody:
 
 
 class Pseudonymizer:
-    """De-identifies resources through one ``httpx.AsyncClient`` (made by ``build_async_client``)."""
+    """De-identifies resources through one ``ServiceClient``; thread-safe (its callers fan out)."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
-        retry: RetrySettings,
+        client: ServiceClient,
         *,
         config: AnonymizationConfig | None = None,
         split_threshold_mb: int = 10,
-        max_concurrent_requests: int = 4,
         deadline: timedelta | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
-        sets to the configured ``services.pseudonymizer.timeout``."""
-        seconds = deadline.total_seconds() if deadline is not None else read_seconds(client.timeout)
-        bound = Deadline(seconds, DEADLINE_SETTING, client.build_request("POST", DE_IDENTIFY_PATH).url)
-        bounds: dict[str, Any] = {"max_answer_bytes": max_answer_bytes, "too_large_hint": TOO_LARGE_ANSWER_HINT}
-        self._send = functools.partial(request_async, client, retry, "POST", DE_IDENTIFY_PATH, deadline=bound, **bounds)
+        """``deadline`` bounds each whole request; by default the client's read timeout, which
+        ``http_timeout`` sets to the configured ``services.pseudonymizer.timeout``."""
+        seconds = read_seconds(client.http.timeout) if deadline is None else deadline.total_seconds()
+        bound = functools.partial(Deadline, seconds, DEADLINE_SETTING)
+        self._send = functools.partial(
+            client.request,
+            "POST",
+            DE_IDENTIFY_PATH,
+            deadline=bound,
+            max_answer_bytes=max_answer_bytes,
+            too_large_hint=TOO_LARGE_ANSWER_HINT,
+            headers=FHIR_JSON_HEADERS,
+        )
         self._body = RequestBody(config)
-        self.split_threshold_bytes, self._slots = split_threshold_mb * MB, asyncio.Semaphore(max_concurrent_requests)
+        self.split_threshold_bytes = split_threshold_mb * MB
 
-    async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
+    def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
         """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
-        if needs_split(resource, self.split_threshold_bytes):
-            exact = loads_exact(resource_json)  # the chunks and the Bundle put back keep every number's digits
-            chunks = split_bundle(exact, self.split_threshold_bytes)
-            fields, *answers = await self._deidentify_all([without_entries(exact), *chunks])
-            return Pseudonymized(dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True)
-        line, _ = await self._deidentify(resource_json, resource)
-        return Pseudonymized(line, 1, False)
+        if not needs_split(resource, self.split_threshold_bytes):
+            return Pseudonymized(self._deidentify(resource_json, resource)[0], 1, False)
+        exact = loads_exact(resource_json)  # the chunks and the Bundle put back keep every number's digits
+        chunks = split_bundle(exact, self.split_threshold_bytes)
+        fields, *answers = [
+            loads_exact(self._deidentify(dumps_exact(part), part)[0]) for part in [without_entries(exact), *chunks]
+        ]
+        return Pseudonymized(dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True)
 
-    async def _deidentify_all(self, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """De-identify several resources at once; the first failure cancels the others and is raised as is."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                calls = [group.create_task(self._deidentify(dumps_exact(r), r)) for r in resources]
-        except ExceptionGroup as failures:
-            raise failures.exceptions[0]  # noqa: B904 - the first failure is the news, not the group
-        return [loads_exact(call.result()[0]) for call in calls]
-
-    async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-        operation, body = f"de-identify {show_text(resource.get('resourceType'))}", self._body(resource_json)
-        async with self._slots:
-            response = await self._send(operation=operation, content=body, headers=FHIR_JSON_HEADERS)
+    def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        operation = f"de-identify {show_text(resource.get('resourceType'))}"
+        response = self._send(operation=operation, body=self._body(resource_json))
         return checked_answer(response.content, resource)
 
 

@@ -5,16 +5,15 @@ See docs/development.md#service-clients.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import pause, raise_if_cancelled
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -37,6 +36,7 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dic
         return backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
 
     def log_retry(state: RetryCallState) -> None:
+        raise_if_cancelled()  # a cancelled fan-out's call (its client closed under it) is not retried
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
         assert state.outcome is not None, "tenacity calls before_sleep once an attempt has failed"
         exc = state.outcome.exception()
@@ -64,21 +64,6 @@ def call_with_retry(
 ) -> T:
     try:
         return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
-    except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
-
-
-async def call_with_retry_async(
-    attempt: Callable[[], Awaitable[T]],
-    retry: RetrySettings,
-    *,
-    operation: str,
-    service: str | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> T:
-    """``call_with_retry`` for coroutine functions."""
-    try:
-        return await AsyncRetrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 

@@ -9,7 +9,7 @@ import functools
 import itertools
 import re
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +23,7 @@ from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact_strings
-from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient, request_async
+from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient
 from tasks.core.errors import DupflowError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.streams.ndjson import NdjsonError, parse_resource
@@ -32,7 +32,6 @@ VALIDATE_PATH = "/validateResource"
 FULL_URL_BASE = "http://localhost/fhir"
 FINDINGS_STATUSES = (412, 422)
 ERROR_SEVERITIES = frozenset({"error", "fatal"})
-SEND_PIECE = MB
 REQUEST_DEADLINE = timedelta(minutes=10)
 """Whole-request deadline of one chunk (send, validate, answer); the spec has no key for it. The validator is
 silent while it works on a chunk, and a 10 MB chunk can take minutes."""
@@ -238,26 +237,31 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient``."""
+    """Validates chunks through one ``ServiceClient``; thread-safe (its callers fan out)."""
 
     def __init__(
         self,
-        client: AsyncServiceClient,
+        client: ServiceClient,
         *,
         deadline: timedelta = REQUEST_DEADLINE,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        self._service, url = client.endpoint.name, client.http.build_request("POST", VALIDATE_PATH).url
-        bounds: dict[str, Any] = {"max_answer_bytes": max_answer_bytes, "too_large_hint": TOO_LARGE_ANSWER_HINT}
-        bounds |= {"deadline": Deadline(deadline.total_seconds(), DEADLINE_SETTING, url), "sleep": client.sleep}
-        self._send = functools.partial(request_async, client.http, client.retry, "POST", VALIDATE_PATH, **bounds)
+        self._service = client.endpoint.name
+        self._send = functools.partial(
+            client.request,
+            "POST",
+            VALIDATE_PATH,
+            deadline=functools.partial(Deadline, deadline.total_seconds(), DEADLINE_SETTING),
+            max_answer_bytes=max_answer_bytes,
+            too_large_hint=TOO_LARGE_ANSWER_HINT,
+            answers=FINDINGS_STATUSES,
+            headers=FHIR_JSON_HEADERS,
+        )
 
-    async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The service's OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
+    def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
+        """The OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
         operation, service = f"validate {source} chunk {chunk.number}", self._service
-        headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
-        content = Pieces(chunk.body)
-        response = await self._send(operation=operation, headers=headers, content=content, answers=FINDINGS_STATUSES)
+        response = self._send(operation=operation, body=chunk.body)
         if (outcome := as_operation_outcome(response.content)) is not None:
             return outcome
         if response.is_error:
@@ -266,15 +270,3 @@ class Validator:
             f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
             "OperationOutcome; is services.validation.url the validator's root?"
         )
-
-
-class Pieces:
-    """A body in memoryview slices (httpx sends them as bytes), afresh for each attempt: sent whole, httpx copies it
-    once more per request in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
-
-    def __init__(self, body: bytes):
-        self._view = memoryview(body)
-
-    async def __aiter__(self) -> AsyncIterator[memoryview]:
-        for start in range(0, len(self._view), SEND_PIECE):
-            yield self._view[start : start + SEND_PIECE]

@@ -6,7 +6,7 @@ in request order, a report of a row per file.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
@@ -93,23 +93,28 @@ def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, fil
     return map_batches(batch_task, step, files, workers=1)
 
 
-async def write_answers(
+def write_answers(
     requests: Iterable[T],
-    ask: Callable[[T], Awaitable[A]],
+    ask: Callable[[T], A],
     written: Callable[[T, A], tuple[bytes, int]],
     dest: Path,
     *,
+    workers: int,
     window: int,
     level: CompressionLevel | None,
     line_limit: int,
     progress: tuple[str, int | None],
     source: str,
 ) -> FileStats:
-    """Ask for each request, at most ``window`` in flight, and write each answer's line in request order into ``dest``;
-    ``written`` gives an answer's line and the input lines it stands for (``progress``: label, expected lines)."""
+    """Ask for each request on ``workers`` threads, write each answer's line in request order to ``dest``.
+
+    Note:
+    - At most ``window`` requests are pending; ``written`` gives an answer's line and the input lines
+      it stands for (``progress``: label, expected lines).
+    """
     label, expected = progress
     with track(label, expected, "lines") as shown, AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
-        async for request, answer in ordered_map(requests, ask, window):
+        for request, answer in ordered_map(requests, ask, workers, window):
             raise_if_cancelled()
             line, lines = written(request, answer)
             writer.write_line(line)

@@ -1,16 +1,16 @@
-"""Bounded, cancellable fan-out: blocking calls on threads (``run_bounded``: downloads, uploads), or coroutines
-yielded in input order (``ordered_map``: service requests, so output keeps the input order in bounded memory)."""
+"""Bounded, cancellable fan-out of blocking calls on threads: ``run_bounded`` (downloads, uploads) and
+``ordered_map`` (service requests, results in input order in bounded memory)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -35,6 +35,7 @@ class _Scope:
 
     def __init__(self, outer: _Scope | None) -> None:
         self.cancelled, self.creating = threading.Event(), threading.Lock()
+        self.stops: set[Callable[[], None]] = set()  # of the blocking calls running (``stopping``)
         self.inner: weakref.WeakSet[_Scope] = weakref.WeakSet()  # kept as long as a context holds them
         if outer is not None:
             outer.inner.add(self)
@@ -44,6 +45,8 @@ class _Scope:
     def cancel(self) -> None:
         with self.creating:
             self.cancelled.set()
+        for stop in list(self.stops):
+            stop()
         for scope in list(self.inner):
             scope.cancel()
 
@@ -142,6 +145,21 @@ def pause(seconds: float) -> None:
 
 
 @contextlib.contextmanager
+def stopping(stop: Callable[[], None]) -> Iterator[None]:
+    """In this block a cancel of the fan-out calls ``stop`` (ending a read blocked on a socket)."""
+    if (found := _cancelled.get(None)) is None:
+        yield
+        return
+    found.stops.add(stop)
+    try:
+        if found.cancelled.is_set():
+            stop()
+        yield
+    finally:
+        found.stops.discard(stop)
+
+
+@contextlib.contextmanager
 def unless_cancelled() -> Iterator[None]:
     """Run the block (making a temporary file) only while the fan-out is not cancelled.
 
@@ -154,21 +172,27 @@ def unless_cancelled() -> Iterator[None]:
         yield
 
 
-async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:
-    """``(item, result)`` of ``call(item)`` in input order, at most ``window`` pending; the oldest failure propagates,
-    and the pending calls are cancelled then or when the consumer stops."""
-    pending: deque[tuple[T, asyncio.Task[R]]] = deque()
+def ordered_map(items: Iterable[T], call: Callable[[T], R], workers: int, window: int) -> Iterator[tuple[T, R]]:
+    """``(item, call(item))`` in input order: calls on ``workers`` threads, at most ``window`` pending.
+
+    Note:
+    - The calls run in copies of the caller's context, in a cancel scope of their own: when the oldest
+      failure propagates or the consumer stops, the calls not started are dropped and those running
+      stop at their next ``pause`` or ``raise_if_cancelled``.
+    """
+    with cancel_scope() as cancel:
+        context = contextvars.copy_context()
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="ordered-map")
+    pending: deque[tuple[T, Future[R]]] = deque()
     try:
         for item in items:
-            pending.append((item, asyncio.ensure_future(call(item))))
+            pending.append((item, pool.submit(context.copy().run, call, item)))
             if len(pending) >= window:
-                oldest, task = pending.popleft()
-                yield oldest, await task
+                oldest, future = pending.popleft()
+                yield oldest, future.result()
         while pending:
-            oldest, task = pending.popleft()
-            yield oldest, await task
+            oldest, future = pending.popleft()
+            yield oldest, future.result()
     finally:
-        tasks = [task for _, task in pending]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        cancel()
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -5,14 +5,13 @@
 Writes a file of small collection Bundles (Patient, Encounter, Observation; about 1 KB each), starts the fake
 pseudonymization service in its own process with a fixed latency per request, and runs ``pseudonymize_path`` (the
 step's per-file loop, real HTTP through the client layer, zstd output) once per concurrency, each in a fresh
-process so that its peak RSS is its own. Prints resources/s and the peak RSS above the process's baseline
-(interpreter and imports). Not collected by pytest.
+process so that its peak RSS is its own. Prints resources/s, the client's CPU per request and the peak
+RSS above the process's baseline (interpreter and imports). Not collected by pytest.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing
 import tempfile
 import time
@@ -74,31 +73,31 @@ def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str
     """Runs in a fresh process: one pass of the step's file loop."""
     from config.services import AuthSettings
     from config.settings import RetrySettings, TlsSettings
-    from tasks.clients.http import ServiceEndpoint, build_async_client
+    from tasks.clients.http import ServiceClient, ServiceEndpoint
     from tasks.clients.pseudonymizer import Pseudonymizer
     from tasks.streams.progress import use_display
-    from tasks.pseudonymizer import pseudonymize_path, window_size
+    from tasks.pseudonymizer import pseudonymize_path
 
     use_display("none")
 
-    async def run():
+    def run():
         endpoint = ServiceEndpoint("pseudonymizer", base_url, AuthSettings())
-        async with build_async_client(endpoint, TlsSettings()) as client:
-            service = Pseudonymizer(client, RetrySettings(), max_concurrent_requests=concurrency)
-            return await pseudonymize_path(
+        with ServiceClient(endpoint, TlsSettings(), RetrySettings()) as client:
+            return pseudonymize_path(
                 Path(source),
                 Path(dest),
-                service,
+                Pseudonymizer(client),
                 level="default",
                 max_line_bytes=100 * MB,
-                window=window_size(concurrency),
+                concurrency=concurrency,
             )
 
     baseline = peak_rss_mb()
-    started = time.perf_counter()
-    counts = asyncio.run(run())
+    started, cpu_started = time.perf_counter(), time.process_time()
+    counts = run()
     seconds = time.perf_counter() - started
     return {
+        "cpu_seconds": time.process_time() - cpu_started,
         "resources": counts.resources_out,
         "requests": counts.requests,
         "seconds": seconds,
@@ -127,7 +126,8 @@ def main() -> None:
                     r = pool.submit(measure, base_url, str(source), dest, concurrency).result()
                 print(
                     f"max_concurrent_requests={concurrency}: {r['resources']} resources in {r['seconds']:.1f} s "
-                    f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests); "
+                    f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests; client CPU "
+                    f"{r['cpu_seconds'] / r['requests'] * 1000:.2f} ms a request); "
                     f"peak RSS {r['peak_mb']:.0f} MB ({r['peak_mb'] - r['baseline_mb']:+.0f} MB over the "
                     f"{r['baseline_mb']:.0f} MB after imports)",
                     flush=True,

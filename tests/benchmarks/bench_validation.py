@@ -18,7 +18,6 @@ process's baseline after imports. Flat means both peaks are about the same. Not 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing
 import os
 import random
@@ -100,29 +99,29 @@ def write_input(path: Path, size_bytes: int, seed: int = 20260101) -> tuple[int,
 def measure(base_url: str, source: str, dest: str, concurrency: int, chunk_mb: int) -> dict[str, float]:
     """Runs in a fresh process: one pass of the step's file loop."""
     from config.settings import RetrySettings, TlsSettings
-    from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
+    from tasks.clients.http import ServiceClient, ServiceEndpoint
     from tasks.clients.validator import Validator
     from tasks.streams.progress import use_display
     from tasks.validation import validate_path
 
     use_display("none")
 
-    async def run():
+    def run():
         endpoint = ServiceEndpoint("validation", base_url)
-        async with AsyncServiceClient(endpoint, TlsSettings(), RetrySettings()) as client:
-            return await validate_path(
+        with ServiceClient(endpoint, TlsSettings(), RetrySettings()) as client:
+            return validate_path(
                 Path(source),
                 Path(dest),
                 Validator(client),
                 chunk_bytes=chunk_mb * MB,
-                window=concurrency,
+                concurrency=concurrency,
                 level="default",
                 max_line_bytes=100 * MB,
             )
 
     baseline = peak_rss_mb()
     started, cpu_started = time.perf_counter(), time.process_time()
-    result = asyncio.run(run())
+    result = run()
     seconds = time.perf_counter() - started
     return {
         "cpu_seconds": time.process_time() - cpu_started,

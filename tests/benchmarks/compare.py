@@ -46,7 +46,6 @@ The ratio column is ours / anchor for rates (higher is better) and anchor / ours
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -238,30 +237,29 @@ def pseudonymization_rows(root: Path, source: Path, runs: int) -> list[Row]:
 def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurrency: int) -> dict:
     from config.services import AuthSettings
     from config.settings import RetrySettings, TlsSettings
-    from tasks.clients.http import ServiceEndpoint, build_async_client
+    from tasks.clients.http import ServiceClient, ServiceEndpoint
     from tasks.clients.pseudonymizer import Pseudonymizer
     from tasks.streams.progress import use_display
-    from tasks.pseudonymizer import pseudonymize_path, window_size
+    from tasks.pseudonymizer import pseudonymize_path
 
     use_display("none")
     counts = []
 
-    async def pseudonymize() -> None:
+    def pseudonymize() -> None:
         endpoint = ServiceEndpoint("pseudonymizer", base_url, AuthSettings())
-        async with build_async_client(endpoint, TlsSettings()) as client:
-            service = Pseudonymizer(client, RetrySettings(), max_concurrent_requests=concurrency)
+        with ServiceClient(endpoint, TlsSettings(), RetrySettings()) as client:
             counts.append(
-                await pseudonymize_path(
+                pseudonymize_path(
                     Path(source),
                     Path(out) / "out.ndjson.zst",
-                    service,
+                    Pseudonymizer(client),
                     level="default",
                     max_line_bytes=MAX_LINE_BYTES,
-                    window=window_size(concurrency),
+                    concurrency=concurrency,
                 )
             )
 
-    seconds = best_seconds(lambda: asyncio.run(pseudonymize()), runs, fresh(Path(out)))
+    seconds = best_seconds(pseudonymize, runs, fresh(Path(out)))
     return {
         "seconds": seconds,
         "resources": counts[-1].resources_out,

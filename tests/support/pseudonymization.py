@@ -3,18 +3,17 @@ fake saw, and a probe of concurrent calls."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
 
 from config.services import AuthSettings
 from config.settings import RetrySettings, TlsSettings
-from tasks.clients.http import ServiceEndpoint, build_async_client
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
@@ -25,26 +24,23 @@ OVERRIDE_CONFIG = OVERRIDE_DIR / "anonymization.yaml"
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
 
 
-@asynccontextmanager
-async def open_service(
+@contextmanager
+def open_service(
     pseudonymizer_fake: LoopbackServer | str,
     auth: AuthSettings | None = None,
     tls: TlsSettings | None = None,
     **options: Any,
-) -> AsyncIterator[Pseudonymizer]:
+) -> Iterator[Pseudonymizer]:
     """A client of the fake, or of the service at a URL (``tls`` for one over https, such as nginx before it)."""
     url = pseudonymizer_fake if isinstance(pseudonymizer_fake, str) else pseudonymizer_fake.base_url
     endpoint = ServiceEndpoint("pseudonymizer", url, auth or AuthSettings())
-    async with build_async_client(endpoint, tls or TlsSettings()) as client:
-        yield Pseudonymizer(client, FAST_RETRY, **options)
+    with ServiceClient(endpoint, tls or TlsSettings(), FAST_RETRY) as client:
+        yield Pseudonymizer(client, **options)
 
 
 def pseudonymize(pseudonymizer_fake: LoopbackServer, resource: dict[str, Any], **options: Any):
-    async def run():
-        async with open_service(pseudonymizer_fake, **options) as service:
-            return await service.pseudonymize(orjson.dumps(resource), resource)
-
-    return asyncio.run(run())
+    with open_service(pseudonymizer_fake, **options) as service:
+        return service.pseudonymize(orjson.dumps(resource), resource)
 
 
 def server_side(resource: dict[str, Any], pseudonymizer_fake: LoopbackServer) -> dict[str, Any]:
