@@ -71,8 +71,9 @@ def watching(flow_run_id: UUID) -> Iterator[None]:
             if watch.ended is None:
                 raise
             raise FlowRunEndedError(
-                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran on a Dask worker; "
-                "its output was not written, and continuing the job does this file again"
+                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran "
+                "on a Dask worker; its output was not written, and continuing the job does this "
+                "file again"
             ) from None
         finally:
             watch.finish.set()
@@ -90,7 +91,8 @@ class _Watch(threading.Thread):
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            while (ended := self.over(client)) is None:  # at once too: the attempt the task belongs to
+            # at once too: the attempt the task belongs to
+            while (ended := self.over(client)) is None:
                 if self.finish.wait(WATCH_EVERY_SECONDS):
                     return
             self.ended = ended
