@@ -5,6 +5,7 @@ Note: the resources of the previous step's files. See docs/development.md#steps.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -190,19 +191,6 @@ def pseudonymize_path(
             yield line_number, line, parse_resource(source, line_number, line)
             counts.resources_in += 1
 
-    def pseudonymize(item: tuple[int, bytes, dict[str, Any]]) -> Pseudonymized:
-        line_number, line, resource = item
-        try:
-            return service.pseudonymize(line, resource)
-        except (ServiceError, PseudonymizationError) as exc:
-            hint = (
-                f"; {TOO_LARGE_HINT}"
-                if isinstance(exc, ServiceError) and exc.status_code == 413
-                else ""
-            )
-            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
-            raise PseudonymizerStepError(message) from exc
-
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
         counts.requests += result.requests
         counts.bundles_split += result.split
@@ -210,7 +198,7 @@ def pseudonymize_path(
 
     counts.written = write_answers(
         resources(),
-        pseudonymize,
+        functools.partial(_pseudonymize_line, service, source),
         written,
         dest,
         workers=concurrency,
@@ -226,6 +214,23 @@ def pseudonymize_path(
         went = f"{counts.resources_in} lines went in but {counts.resources_out} came out"
         raise PseudonymizerStepError(f"{source}: {went}; the output was discarded")
     return counts
+
+
+def _pseudonymize_line(
+    service: Pseudonymizer, source: Path, item: tuple[int, bytes, dict[str, Any]]
+) -> Pseudonymized:
+    """De-identify one line; a failure names the file, line and resource."""
+    line_number, line, resource = item
+    try:
+        return service.pseudonymize(line, resource)
+    except (ServiceError, PseudonymizationError) as exc:
+        hint = (
+            f"; {TOO_LARGE_HINT}"
+            if isinstance(exc, ServiceError) and exc.status_code == 413
+            else ""
+        )
+        message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
+        raise PseudonymizerStepError(message) from exc
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
