@@ -43,13 +43,6 @@ from tasks.job.record import now_iso, read_facts, record_facts
 DOWNLOAD_CONCURRENCY = 4
 
 
-class SubmissionInDoubtError(StepError):
-    """A submission was sent but no answer recorded: resubmitting could duplicate it.
-
-    Note: a second extraction could be created.
-    """
-
-
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
     """Follow the extraction, then download every file.
@@ -148,7 +141,7 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
         get_run_logger().info("re-attaching to extraction job %s", handle.job_id)
         return handle
     if (in_flight := facts.get("extraction_submission")) is not None:
-        raise SubmissionInDoubtError(submission_in_doubt_message(step, in_flight))
+        raise StepError(submission_in_doubt_message(step, in_flight))
     return submit(step, client, generation=int(facts.get("extraction_generation", 0)))
 
 
@@ -176,9 +169,7 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
             record_facts(step.job_path, extraction_submission=None)
             raise
         in_flight = read_facts(step.job_path).get("extraction_submission") or {}
-        raise SubmissionInDoubtError(
-            f"{exc}; {submission_in_doubt_message(step, in_flight)}"
-        ) from exc
+        raise StepError(f"{exc}; {submission_in_doubt_message(step, in_flight)}") from exc
     record_handle(step, handle, generation)
     get_run_logger().info(
         "extraction submitted: job %s, status %s", handle.job_id, handle.status_url

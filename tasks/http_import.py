@@ -31,10 +31,6 @@ from tasks.core.url_credentials import shown_url
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
 
-class HttpImportError(StepError):
-    """Bad http_import input; the message says what is wrong and what to do."""
-
-
 @step_task("http_import")
 def http_import(step: StepInput) -> StepResult:
     url = source_url(step.job_input)
@@ -57,15 +53,13 @@ def fetch_ndjson(url: str, dest: Path, settings: Settings) -> FileStats:
 
 def source_url(job_input: str | None) -> str:
     if not job_input:
-        raise HttpImportError("http_import needs the URL of an NDJSON file as the job input")
+        raise StepError("http_import needs the URL of an NDJSON file as the job input")
     try:
         scheme = httpx.URL(job_input).scheme
     except httpx.InvalidURL as exc:
-        raise HttpImportError(
-            f"http_import: {shown_url(job_input)} is not a valid URL ({exc})"
-        ) from None
+        raise StepError(f"http_import: {shown_url(job_input)} is not a valid URL ({exc})") from None
     if scheme not in ("http", "https"):
-        raise HttpImportError(
+        raise StepError(
             f"http_import: {shown_url(job_input)} is not an http(s) URL; give the file's URL"
         )
     return job_input

@@ -8,16 +8,15 @@ made, OperationOutcome texts when taken. The clients' part of the exception tree
     DupflowError
     ├── ServiceError                a failed call: operation, HTTP status, transient or terminal
     │   ├── TransactionRejected     fhir_server
-    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError,
     │       CohortPreviewUnsupportedError                               extraction_jobs
     ├── ValidationServiceError      validator: a 2xx answer that is no OperationOutcome
     └── StepError
         ├── ExtractionError         extraction_documents
-        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
-        │   └── ExtractionTimeoutError, NoMatchingDataError, StatusUrlMismatchError
+        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError,
+        │   └── ExtractionTimeoutError, StatusUrlMismatchError
         ├── DownloadError           downloads: FileNotReadyError, UnsafeFileNameError
-        ├── PseudonymizationError   pseudonymizer: EntryTooLargeError
-        └── FlattenerError          flattener
+        └── PseudonymizationError   pseudonymizer: EntryTooLargeError
 """
 
 from __future__ import annotations

@@ -109,15 +109,7 @@ def job_status_of(task: dict[str, Any]) -> str:
     return code if code is not None else str(task.get("status") or "unknown")
 
 
-class ExtractionFailedError(ExtractionError):
-    pass
-
-
 class ExtractionTimeoutError(ExtractionError):
-    pass
-
-
-class NoMatchingDataError(ExtractionError):
     pass
 
 
@@ -239,7 +231,7 @@ def requires_access_token(document: Any) -> bool:
 def result_urls(document: Any, max_files: int) -> list[str]:
     """Return the file URLs of a completed job.
 
-    Note: none is a ``NoMatchingDataError`` with the server's errors; more than ``max_files``
+    Note: none is a ``ExtractionError`` with the server's errors; more than ``max_files``
     entries are refused before any is taken.
     """
     key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
@@ -265,11 +257,11 @@ def result_urls(document: Any, max_files: int) -> list[str]:
         if str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
             errors += [_issue_text(issue) for issue in as_objects(extension.get("valueObject"))]
     if errors := [e for e in errors if e]:
-        raise NoMatchingDataError(
+        raise ExtractionError(
             "the extraction finished without result files; the server reported: "
             + "; ".join(errors)
         )
-    raise NoMatchingDataError(NO_MATCHING_DATA)
+    raise ExtractionError(NO_MATCHING_DATA)
 
 
 def _error_entry_text(entry: Any) -> str:

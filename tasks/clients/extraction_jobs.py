@@ -106,10 +106,6 @@ class SearchRejectedError(ServiceError):
         )
 
 
-class VersionConflictError(ServiceError):
-    """The Task's version kept moving while we tried to change its priority."""
-
-
 class CohortPreviewUnsupportedError(ServiceError):
     """The server has no $evaluate-cohort (older servers answer 404)."""
 
@@ -321,7 +317,7 @@ class ExtractionTaskClient(ServiceClient):
             f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as "
             "batches finished); try again"
         )
-        raise VersionConflictError(
+        raise ServiceError(
             "set extraction job priority", None, message, transient=True, service=SERVICE
         )
 

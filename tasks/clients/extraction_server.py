@@ -40,7 +40,6 @@ from tasks.clients.extraction_documents import (
     ExtractionError,
 )
 from tasks.clients.extraction_documents import (
-    ExtractionFailedError,
     ExtractionHandle,
     ExtractionTimeoutError,
 )
@@ -247,7 +246,7 @@ class ExtractionServerClient(Closing):
         if status == 500:
             texts = operation_outcome_texts(response.content)
             reason = "; ".join(texts) if texts else "the server gave no reason"
-            raise ExtractionFailedError(
+            raise ExtractionError(
                 f"extraction job {handle.job_id} failed on the extraction server (HTTP 500): "
                 f"{reason}. Fix the cause, then start a new job"
             )

@@ -34,10 +34,6 @@ DEADLINE_SETTING = "services.flattening.timeout"
 NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
 
 
-class FlattenerError(StepError):
-    """The flattening service cannot be used or gave an answer that cannot be read."""
-
-
 class Flattener:
     """The flattening service behind ``client``.
 
@@ -54,7 +50,7 @@ class Flattener:
         )
 
     def check(self) -> None:
-        """Raise ``FlattenerError`` unless the service lists ``$run`` on ViewDefinition.
+        """Raise ``StepError`` unless the service lists ``$run`` on ViewDefinition.
 
         Note: read from its CapabilityStatement.
         """
@@ -65,7 +61,7 @@ class Flattener:
                 response, limit, operation=operation, service=service, hint=hint, deadline=deadline
             )
         if not lists_view_run(json_or_none(content, orjson.loads)):
-            raise FlattenerError(
+            raise StepError(
                 f"{redact(self.client.endpoint.base_url)} is not a flattening service: its "
                 f"{METADATA_PATH} lists no $run operation on ViewDefinition (check "
                 "services.flattening.service_url)"
@@ -125,7 +121,7 @@ def answer_lines(
                 start = end + 1
             line += piece[start:]
             if len(line) > MAX_ROW_BYTES:
-                raise FlattenerError(
+                raise StepError(
                     "a row of the flattening service's $run answer is longer than "
                     f"{MAX_ROW_BYTES // MB} MB (MAX_ROW_BYTES); the service's answer is not "
                     "NDJSON rows"
@@ -147,13 +143,11 @@ def parse_row(line: bytes, number: int) -> dict[str, Any]:
         orjson.loads(line)
         row = loads_exact(line)
     except (ValueError, RecursionError) as exc:
-        raise FlattenerError(
+        raise StepError(
             f"the flattening service's $run answer line {number} is not JSON ({exc})"
         ) from exc
     if not isinstance(row, dict):
-        raise FlattenerError(
-            f"the flattening service's $run answer line {number} is not a JSON object"
-        )
+        raise StepError(f"the flattening service's $run answer line {number} is not a JSON object")
     return row
 
 

@@ -32,13 +32,6 @@ R = TypeVar("R")
 DASK_CONNECT_TIMEOUT = "10s"
 
 
-class TaskRunnerError(DupflowError):
-    """The configured Dask cluster cannot be used.
-
-    Note: no scheduler at the address, or a local cluster that fails.
-    """
-
-
 def map_files(
     file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int
 ) -> list[R | Exception]:
@@ -172,7 +165,7 @@ def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
         future = stored_in_job(file_task, args[0], refresh=True).submit(*args)
     result = future.result()
     if missing := [f.name for f in data_files(result) if not f.on_disk_in(args[0].output_dir)]:
-        raise TaskRunnerError(
+        raise DupflowError(
             f"a Dask worker wrote {', '.join(missing)} where this process does not find it "
             f"({args[0].output_dir}): every worker must see the jobs directory at the same path "
             "(a shared file system mounted there); fix the workers' mounts, or set "
@@ -232,11 +225,11 @@ def connect(runner: DaskTaskRunner, settings: TaskRunnerSettings) -> None:
         runner.client  # noqa: B018 - the property connects (or starts the local cluster)
     except (OSError, TimeoutError) as exc:
         if settings.dask_address:
-            raise TaskRunnerError(
+            raise DupflowError(
                 "pipeline.task_runner.dask_address: no Dask scheduler answers at "
                 f"{settings.dask_address} ({exc}); start it (dask scheduler) or fix the address"
             ) from None
-        raise TaskRunnerError(
+        raise DupflowError(
             f"pipeline.task_runner: the local Dask cluster of {settings.local_workers} worker(s) "
             f"did not start ({exc}); lower pipeline.task_runner.dask_workers or use kind: "
             "in_process"

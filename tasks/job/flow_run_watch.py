@@ -25,10 +25,6 @@ _OVER = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
 log = logging.getLogger("dupflow.dask")
 
 
-class FlowRunEndedError(DupflowError):
-    """A file task on a Dask worker stopped because its flow run had ended."""
-
-
 def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
     """Watch ``function`` (a file task's body) on a Dask worker; elsewhere leave it."""
 
@@ -60,7 +56,7 @@ def flow_run_on_a_worker() -> UUID | None:
 def watching(flow_run_id: UUID) -> Iterator[None]:
     """Cancel the block's work once the flow run is over.
 
-    Note: its ``Cancelled`` leaves as ``FlowRunEndedError``.
+    Note: its ``Cancelled`` leaves as ``DupflowError``.
     """
     with cancel_scope() as cancel:
         watch = _Watch(flow_run_id, cancel)
@@ -70,7 +66,7 @@ def watching(flow_run_id: UUID) -> Iterator[None]:
         except Cancelled:
             if watch.ended is None:
                 raise
-            raise FlowRunEndedError(
+            raise DupflowError(
                 f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran "
                 "on a Dask worker; its output was not written, and continuing the job does this "
                 "file again"
