@@ -39,7 +39,7 @@ from config.runtime import (
     CLI,
 )
 from config.settings import Settings
-from flows import extraction_cli, housekeeping, prefect_server, view_cli
+from flows import extraction_cli, housekeeping, prefect_server, server_cli, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, run_state
 from flows.job_state import suspended_message
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", help="configuration YAML")
     add_flags(check, "--dir", "--anonymization-config", "--set")
     check.set_defaults(command=cmd_config_check)
-    for module in (extraction_cli, view_cli, prefect_server, housekeeping):
+    for module in (extraction_cli, view_cli, server_cli, housekeeping):
         module.register(commands)
     return parser
 
