@@ -61,7 +61,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     job_ref.add_argument(
         "--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)"
     )
+    register_extraction(commands, common, job_ref)
+    register_cohort(commands, common)
 
+
+def register_extraction(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    job_ref: argparse.ArgumentParser,
+) -> None:
+    """Add ``extraction`` and its subcommands: list, show, the controls, priority, delete."""
     extraction = commands.add_parser(
         "extraction", help="see and steer jobs on the extraction server"
     )
@@ -100,6 +109,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     delete.set_defaults(command=command(cmd_delete))
 
+
+def register_cohort(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """Add ``cohort preview``: how many patients a CRTDL selects."""
     cohort = commands.add_parser("cohort", help="cohort commands")
     cohort_sub = cohort.add_subparsers(required=True, metavar="SUBCOMMAND")
     preview = cohort_sub.add_parser(

@@ -131,7 +131,27 @@ def job_record_markdown(
             f"[{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})",
             "",
         ]
-    lines += [
+    lines += step_table(job, results, failed, job_state[0], links, base)
+    lines += ["", step_time_text(results)]
+    if others := links.pop(None, []):
+        lines += ["", f"Other artifacts: {' · '.join(others)}"]
+    if inspections := inspection_lines(results):
+        lines += ["", "## Inspections", "", *inspections]
+    if facts := redact_strings(dict(sorted(record.facts.items()))):  # an older record's: a secret?
+        lines += ["", "## Facts", "", *markdown_list(facts)]
+    return "\n".join(lines)
+
+
+def step_table(
+    job: Job,
+    results: list[StepResult],
+    failed: BaseException | None,
+    job_state: str,
+    links: dict[int | None, list[str]],
+    base: str,
+) -> list[str]:
+    """The steps' markdown table: done, failed, running (linked to its progress), not run yet."""
+    lines = [
         "| # | step | state | folder | files | contents | size | time | artifacts |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -152,7 +172,7 @@ def job_record_markdown(
             f"{step_links(links, position)} |"
         )
     # the step at work: a link to its live progress
-    if failed is None and pending and job_state[0] == RUNNING:
+    if failed is None and pending and job_state == RUNNING:
         (position, step), *pending = pending
         key = step_artifact_key(job.job_id, position, step, "progress")
         progress = f"[progress]({base}/artifacts/key/{key})"
@@ -160,14 +180,7 @@ def job_record_markdown(
     lines += [
         f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending
     ]
-    lines += ["", step_time_text(results)]
-    if others := links.pop(None, []):
-        lines += ["", f"Other artifacts: {' · '.join(others)}"]
-    if inspections := inspection_lines(results):
-        lines += ["", "## Inspections", "", *inspections]
-    if facts := redact_strings(dict(sorted(record.facts.items()))):  # an older record's: a secret?
-        lines += ["", "## Facts", "", *markdown_list(facts)]
-    return "\n".join(lines)
+    return lines
 
 
 def markdown_list(value: Any) -> list[str]:

@@ -5,13 +5,11 @@ Import-light: ``status`` uses it. See docs/development.md#jobs.
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from config.loader import (
     PATH_KEYS,
@@ -20,26 +18,19 @@ from config.loader import (
     refuse_secret_overrides,
 )
 from config.settings import Settings
+from flows.job_crtdl import EffectiveCrtdl, crtdl_input, effective_crtdl, no_crtdl_message
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
 from tasks.core.jsonfile import (
-    JsonFileError,
-    parse_json_document,
-    read_limited,
     settings_file_problem,
 )
 from config.runtime import CLI
 from tasks.core.readable import plain_text
-from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
+from tasks.job.layout import JobPaths, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
-
-CRTDL_NAME = "crtdl.json"
-ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
-# a large real CRTDL is under 1 MB; more is a wrong file (or /dev/zero)
-MAX_CRTDL_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -265,23 +256,7 @@ def new_job_plan(
 
     Note: a bad input raises ``JobError``.
     """
-    door = "the job input (INPUT)"
-    if job_input and "://" in job_input:
-        refuse_invisible_url_characters(job_input, door)
-    fix = (
-        "give the URL without them (an extraction's result URL is fetched with "
-        "services.extractor.auth); a file that needs them for http_import: download it yourself "
-        "and import its folder with local_import"
-    )
-    # stored with the job and as a parameter
-    refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)
-    refuse_undecodable(
-        {
-            "the configuration file": config_path,
-            "the job input": job_input,
-            "--dir": settings.services.local_import.dir,
-        }
-    )
+    refuse_unstorable_names(config_path, job_input, settings)
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
@@ -307,6 +282,29 @@ def new_job_plan(
         enabled_steps=steps,
     )
     return record, crtdl, effective
+
+
+def refuse_unstorable_names(
+    config_path: str | None, job_input: str | None, settings: Settings
+) -> None:
+    """Refuse a job input URL with hidden characters or credentials, and undecodable paths."""
+    door = "the job input (INPUT)"
+    if job_input and "://" in job_input:
+        refuse_invisible_url_characters(job_input, door)
+    fix = (
+        "give the URL without them (an extraction's result URL is fetched with "
+        "services.extractor.auth); a file that needs them for http_import: download it yourself "
+        "and import its folder with local_import"
+    )
+    # stored with the job and as a parameter
+    refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)
+    refuse_undecodable(
+        {
+            "the configuration file": config_path,
+            "the job input": job_input,
+            "--dir": settings.services.local_import.dir,
+        }
+    )
 
 
 def create_job_files(
@@ -338,40 +336,6 @@ def create_job_files(
     except OSError:
         shutil.rmtree(paths.job_dir, ignore_errors=True)
         raise
-
-
-def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
-    """The CRTDL input: the extractor's unless a URL, other import steps' if ``.json``."""
-    if (
-        job_input
-        and "://" not in job_input
-        and (steps[0] == "extractor" or is_crtdl_file(job_input))
-    ):
-        return Path(job_input)
-    return None
-
-
-def no_crtdl_message(job_input: str | None) -> str:
-    """Say why a flattening job has no CRTDL.
-
-    Note: a given INPUT is named with what it was taken for (``query.crtdl`` is no CRTDL, and being
-    told to give one as INPUT would mislead).
-    """
-    message = (
-        "the flattening step needs a CRTDL: give the CRTDL file as INPUT (with local_import: "
-        "start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
-    )
-    if not job_input or "://" in job_input:
-        return message
-    if Path(job_input).is_dir():
-        return (
-            f"{message}; INPUT {show_text(job_input, None)} is a directory, taken as the data to "
-            "import"
-        )
-    return (
-        f"{message}; INPUT {show_text(job_input, None)} is no CRTDL: a CRTDL file's name ends in "
-        ".json"
-    )
 
 
 NEEDED_INPUT = {
@@ -427,72 +391,3 @@ def step_file_problems(settings: Settings) -> list[str]:
         f"services.flattening.lookup_path: {problem}; fix the lookup file"
         for problem in lookup_problems(Path(lookup))
     ]
-
-
-@dataclass(frozen=True)
-class EffectiveCrtdl:
-    name: str
-    data: bytes
-    warnings: list[str]
-
-
-def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched by preprocessing rules."""
-    from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
-    from tasks.sof.crtdl_views import with_group_ids
-
-    parsed, data = read_crtdl(source)
-    preprocessing = settings.services.crtdl_preprocessing
-    rules = preprocessing.rules if preprocessing.enabled else []
-    enriched, warnings = parsed, list[str]()
-    if rules:
-        try:
-            enriched, warnings = enrich_crtdl(parsed, rules)
-        except EnrichmentError as exc:
-            raise JobError(f"{source}: {exc}") from exc
-    enriched = with_group_ids(enriched)
-    if settings.pipeline.has_step("flattening"):
-        refuse_unusable_group_names(source, enriched)
-    if enriched is parsed:
-        return EffectiveCrtdl(CRTDL_NAME, data, [])
-    name = ENRICHED_CRTDL_NAME if rules else CRTDL_NAME
-    return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
-
-
-def read_crtdl(source: Path) -> tuple[dict[str, Any], bytes]:
-    if not source.is_file():
-        problem = (
-            "is a directory"
-            if source.is_dir()
-            else "is no regular file"
-            if source.exists()
-            else "not found"
-        )
-        raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
-    try:
-        data = read_limited(source, MAX_CRTDL_BYTES, f"CRTDL {source}")
-    except JsonFileError as exc:
-        raise JobError(f"{exc}; give the CRTDL JSON file as the job input") from None
-    try:
-        parsed = parse_json_document(data, f"CRTDL {source}")
-    except JsonFileError as exc:
-        raise JobError(f"invalid {exc}; nothing was submitted") from None
-    if not isinstance(parsed, dict):
-        raise JobError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
-    return parsed, data
-
-
-def refuse_unusable_group_names(source: Path, crtdl: dict[str, Any]) -> None:
-    """Refuse group names that cannot be, or would collide as, file names and S3 keys.
-
-    Note: a group name becomes a CSV, a ViewDefinition file name and an S3 key; refused before the
-    job exists.
-    """
-    from tasks.sof.crtdl_views import group_name_problems
-
-    try:
-        problems = group_name_problems(crtdl)
-    except ValueError as exc:
-        raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
-    if problems:
-        raise JobError(f"CRTDL {source}: " + "; ".join(problems))

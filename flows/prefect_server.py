@@ -6,9 +6,7 @@ docs/development.md#the-local-prefect-server.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.metadata
 import json
 import os
 import secrets
@@ -21,17 +19,10 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
-from flows.prefect_api import (
-    REFUSED,
-    TIMEOUT,
-    Answer,
-    ApiUnreachableError,
-    api_answer,
-    refused_login,
-)
+from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_login
+from flows.prefect_api_check import require_answer
 from flows.prefect_profile import finish_recording, start_recording
 from flows.server_process import (
     POLL_INTERVAL,
@@ -41,8 +32,6 @@ from flows.server_process import (
     terminate,
 )
 from tasks.core.errors import DupflowError
-from tasks.core.readable import plain_text
-from tasks.core.url_credentials import shown_url
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
@@ -66,8 +55,6 @@ NONCE_LOGGER = "dupflow.server."
 PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
-OK = (200, b"true")  # what /health of a Prefect API answers
-SHOWN_ANSWER_CHARS = 80
 # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STARTUP_TIMEOUT = 120.0
 # Off: two services no job needs, which only label runs Late and workers offline in the UI; two
@@ -131,68 +118,6 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
                 return record.url
             terminate(record.pid)
         return start_server(home, startup_timeout, previous=record).url
-
-
-def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for
-    credentials."""
-    answer = api_answer(api_url, "/health", TIMEOUT)
-    if answer is not None and answer[0] in REFUSED:
-        return
-    if answer == OK:
-        if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
-            raise ApiUnreachableError(
-                f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set "
-                "PREFECT_API_URL to a Prefect server's API, or unset it to use the local server "
-                f"({CLI} server start)"
-            )
-        return
-    path = urlsplit(api_url).path.rstrip("/")
-    api = (
-        None
-        if path.endswith("/api")
-        else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
-    )
-    if answer is not None and api and api_answer(api, "/health", TIMEOUT) == OK:
-        raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
-            f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not "
-            f"its API: set PREFECT_API_URL={shown_url(api)}"
-        )
-    found = (
-        "does not answer"
-        if answer is None
-        else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
-    )
-    raise ApiUnreachableError(
-        f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set "
-        f"PREFECT_API_URL to one that runs, or unset it to use the local server ({CLI} server "
-        "start)"
-    )
-
-
-def version_problem(answer: Answer | None) -> str | None:
-    """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it
-    first, and ends in a traceback on a foreign one, in "incompatible versions" on another major
-    version."""
-    # a server elsewhere may want credentials for it
-    if answer is not None and answer[0] in REFUSED:
-        return None
-    from packaging.version import Version  # Prefect's own reading of versions
-
-    try:  # /admin/version answers a JSON string, read as Prefect's client reads it
-        found = Version(json.loads(answer[1])) if answer is not None and answer[0] == 200 else None
-    except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
-        found = None
-    if found is None:
-        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS] if answer else ""
-        said = f"HTTP {answer[0]} {body!r}" if answer else "nothing"
-        return (
-            "answers GET /health with true but is no Prefect API (GET /admin/version answered "
-            f"{said})"
-        )
-    if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
-        return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
-    return None
 
 
 def ensure_runner(home: Path, api_url: str) -> None:
@@ -535,75 +460,3 @@ def runs_recorded_server(record: ServerRecord) -> bool:
     return (
         not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
     )
-
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    server = commands.add_parser(
-        "server", help="the local Prefect server (and its UI) that jobs use"
-    )
-    server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
-    for name, command, text in (
-        (
-            "start",
-            cmd_server_start,
-            "start the local Prefect server if none runs; print its UI URL",
-        ),
-        ("stop", cmd_server_stop, "stop the local Prefect server"),
-        ("status", cmd_server_status, "show the local Prefect server (exit code 1 if none runs)"),
-        (
-            "url",
-            cmd_server_url,
-            "print the API URL for PREFECT_API_URL (this home's server, started if none runs)",
-        ),
-    ):
-        server_commands.add_parser(name, help=text).set_defaults(command=command)
-
-
-def cmd_server_start(args: argparse.Namespace) -> int:
-    return print_server(
-        "PREFECT_API_URL is set: jobs use {}; no local server started",
-        "Prefect UI: {ui}\nAPI: {api}",
-    )
-
-
-def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$(… server url)
-    return print_server("{}", "{api}")
-
-
-def print_server(when_set: str, started: str) -> int:
-    """Print ``when_set`` with PREFECT_API_URL (no user info), else ``started``.
-
-    Note: ``started`` comes with the home's server's URLs.
-    """
-    if api_url := prefect_api_url():
-        print(when_set.format(shown_url(api_url)))
-        return 0
-    try:
-        api_url = ensure_server()
-    except ServerStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    ensure_runner(prefect_home(), api_url)
-    print(started.format(ui=ui_url(api_url), api=api_url))
-    return 0
-
-
-def cmd_server_stop(args: argparse.Namespace) -> int:
-    print(
-        "stopped the local Prefect server"
-        if stop_server()
-        else "no local Prefect server was running"
-    )
-    return 0
-
-
-def cmd_server_status(args: argparse.Namespace) -> int:
-    if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}, not the local server")
-    if (status := server_status()) is None:
-        print("no local Prefect server is running (the next job starts one)")
-        return 1
-    print(f"Prefect UI: {status['ui_url']}")
-    print(f"API: {status['url']} ({'healthy' if status['healthy'] else 'not answering'})")
-    print(f"pid {status['pid']}, started {status['started_at']}, log {status['log']}")
-    return 0

@@ -39,7 +39,7 @@ from config.runtime import (
     CLI,
 )
 from config.settings import Settings
-from flows import extraction_cli, housekeeping, prefect_server, view_cli
+from flows import extraction_cli, housekeeping, prefect_server, server_cli, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, run_state
 from flows.job_state import suspended_message
@@ -130,6 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flags(start, "--dir", "--anonymization-config", "--set", "--no-progress")
     start.set_defaults(command=cmd_start)
+    register_continue(commands)
+    status = commands.add_parser("status", help="show a job's steps, files and state")
+    status.add_argument("job", help="job id or job directory")
+    add_flags(status, "--jobs-dir", "--json")
+    status.set_defaults(command=cmd_status)
+    listing = commands.add_parser("list", help="list jobs, newest first")
+    add_flags(listing, "--jobs-dir", "--json")
+    listing.set_defaults(command=cmd_list)
+    config = commands.add_parser("config", help="configuration commands")
+    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
+    check = config_commands.add_parser(
+        "check", help="validate a configuration and show every effective value"
+    )
+    check.add_argument("config", help="configuration YAML")
+    add_flags(check, "--dir", "--anonymization-config", "--set")
+    check.set_defaults(command=cmd_config_check)
+    for module in (extraction_cli, view_cli, server_cli, housekeeping):
+        module.register(commands)
+    return parser
+
+
+def register_continue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``continue``: resume a job, follow or resubmit an extraction in doubt, note a gate."""
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
     resume.add_argument("job", help="job id or job directory")
     add_flags(resume, "--jobs-dir", "--no-progress")
@@ -153,24 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the inspection note (the gate form's answer)",
     )
     resume.set_defaults(command=cmd_continue)
-    status = commands.add_parser("status", help="show a job's steps, files and state")
-    status.add_argument("job", help="job id or job directory")
-    add_flags(status, "--jobs-dir", "--json")
-    status.set_defaults(command=cmd_status)
-    listing = commands.add_parser("list", help="list jobs, newest first")
-    add_flags(listing, "--jobs-dir", "--json")
-    listing.set_defaults(command=cmd_list)
-    config = commands.add_parser("config", help="configuration commands")
-    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
-    check = config_commands.add_parser(
-        "check", help="validate a configuration and show every effective value"
-    )
-    check.add_argument("config", help="configuration YAML")
-    add_flags(check, "--dir", "--anonymization-config", "--set")
-    check.set_defaults(command=cmd_config_check)
-    for module in (extraction_cli, view_cli, prefect_server, housekeeping):
-        module.register(commands)
-    return parser
 
 
 def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
