@@ -199,9 +199,7 @@ class FhirServer(Closing):
         where: Call = {"operation": operation, "service": SERVICE_NAME}
 
         def attempt() -> Answer:
-            deadline = Deadline(
-                self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING
-            )
+            deadline = self._attempt_deadline(size)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
             with answer_within(
                 self.http,
@@ -226,6 +224,11 @@ class FhirServer(Closing):
                 )
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
+
+    def _attempt_deadline(self, size: int | None) -> Deadline:
+        """Start the deadline of one attempt: the request's, plus the upload of ``size`` bytes."""
+        seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
+        return Deadline(seconds, DEADLINE_SETTING)
 
 
 @dataclass(frozen=True)
