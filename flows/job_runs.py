@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -87,17 +88,19 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) 
                 job_id, paths, parameters, f"{said} every finished step from the job folder"
             )
         reset = reset_parameters(client, run, parameters)
-        end_attempt(client, run.id)
+        end_attempt(client, run.id, datetime.now(UTC))
         again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
         # this process holds the job's lock: none runs it
         client.set_flow_run_state(run.id, again, force=True)
         return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
 
 
-def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
-    """Set Crashed the task runs a killed last attempt left unfinished.
+def end_attempt(client: SyncPrefectClient, run_id: UUID, before: datetime) -> None:
+    """Set Crashed the task runs an earlier attempt left unfinished (last state ``before``).
 
     Why: nothing else ends them; the UI showed them Running for good, also after the job completed.
+    Note: the server records task runs from their events, late under load: a continued run
+    sweeps again when it ends (``execute``).
     """
     unfinished = TaskRunFilterStateType(
         any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]
@@ -108,7 +111,8 @@ def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
         message="its process ended before the task did; the job was continued"
     )
     for task_run in client.read_task_runs(flow_run_filter=of_run, task_run_filter=left):
-        client.set_task_run_state(task_run.id, ended, force=True)
+        if task_run.state is not None and task_run.state.timestamp < before:
+            client.set_task_run_state(task_run.id, ended, force=True)
 
 
 def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
@@ -149,14 +153,19 @@ def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
     """
     from prefect.flow_engine import run_flow
 
+    began, continued = datetime.now(UTC), run.state is not None and run.state.name == RETRIED
     try:
         ended = run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
         assert isinstance(ended, State), "a sync flow's run gives its state"
-        return cancelled_if_asked(run.id, ended)
+        ended = cancelled_if_asked(run.id, ended)
     except Pause as paused:
-        return paused.state
+        ended = paused.state
     except ObjectNotFound:  # deleted on the server while it ran (the UI's Delete): no state to give
         return None
+    if continued:
+        with get_client(sync_client=True) as client:
+            end_attempt(client, run.id, began)
+    return ended
 
 
 def cancelled_if_asked(run_id: UUID, ended: State[Any]) -> State[Any]:
