@@ -107,8 +107,8 @@ def _file_error_text(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden":
         return (
             f"{where}: unknown field {field}; remove it (allowed: groupReference, "
-            "createIfNotExists, addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, "
-            "linkedGroups)"
+            "createIfNotExists, addGroupIfNotExists, attributesToAdd with attributeRef, "
+            "mustHave, linkedGroups)"
         )
     if error["type"] == "missing":
         return f"{where}: {field} is required; add it"

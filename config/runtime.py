@@ -142,8 +142,8 @@ def listed_jobs_dir(flag: str | None) -> Path:
             else "jobs_dir"
         )
         raise UsageError(
-            f"{given} {shlex.quote(str(jobs_dir))} is a file, not a directory; give the "
-            "directory that holds the jobs (each job is a directory in it)"
+            f"{given} {shlex.quote(str(jobs_dir))} is a file, not a directory; give the directory "
+            "that holds the jobs (each job is a directory in it)"
         )
     return jobs_dir
 

@@ -51,8 +51,8 @@ _NOT_A_HEADER = (
     "colons), e.g. x-api-key"
 )
 _SPACE_AT_AN_END = (
-    "starts or ends with a space, which no HTTP header value may; remove it where the value is set "
-    "(a space pasted with the key?)"
+    "starts or ends with a space, which no HTTP header value may; remove it where the value is "
+    "set (a space pasted with the key?)"
 )
 _AUTHORIZATION_HEADER = (
     "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key "
@@ -304,8 +304,8 @@ class FlatteningSettings(ConfigModel):
         if "csv" not in names:
             raise PydanticCustomError(
                 "formats",
-                "csv is always written (a Parquet file is made from its group's CSV): set formats: "
-                "[csv, parquet], or [csv] or remove the key for CSV alone",
+                "csv is always written (a Parquet file is made from its group's CSV): set "
+                "formats: [csv, parquet], or [csv] or remove the key for CSV alone",
             )
         return [name for name in cls.FORMATS if name in names]
 

@@ -69,9 +69,9 @@ _VALIDATION_AFTER_FLATTENING = (
     "checks FHIR resources (NDJSON); put validation before flattening"
 )
 _DIRECT_SEND_AFTER_FLATTENING = (
-    "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening "
-    "in pipeline.enabled_steps and would get its CSV files; put send before flattening, or send "
-    "the CSV files with send_as s3_upload or transfer_load"
+    "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after "
+    "flattening in pipeline.enabled_steps and would get its CSV files; put send before "
+    "flattening, or send the CSV files with send_as s3_upload or transfer_load"
 )
 
 

@@ -23,8 +23,8 @@ _TOO_DEEP = (
     "value"
 )
 _TOO_MANY = (
-    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values "
-    "out or use fewer aliases"
+    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the "
+    "values out or use fewer aliases"
 )
 
 

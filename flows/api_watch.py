@@ -23,8 +23,10 @@ from tasks.job.layout import JobPaths
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 5.0
 LOST_AFTER = 15.0  # a server busy with a burst of runs answers within seconds; a gone one never
-DATABASE_LOST_AFTER = 10.0  # without its database Prefect's client gives the run up after about 19 s
-NO_DATABASE = (503, b"Database is not available")  # Prefect's /ready when its database does not connect
+# without its database Prefect's client gives the run up after about 19 s
+DATABASE_LOST_AFTER = 10.0
+# Prefect's /ready when its database does not connect
+NO_DATABASE = (503, b"Database is not available")
 EXIT_FAILED = 1
 SERVER_RUNS = "when the server runs again"
 NOT_OURS = "not the Prefect server the job ran on"
@@ -43,7 +45,9 @@ class Loss:
 def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
     done = threading.Event()
     if api_url is not None:
-        threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
+        threading.Thread(
+            target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True
+        ).start()
     try:
         yield
     finally:
@@ -61,7 +65,10 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
     while not done.wait(PROBE_INTERVAL):
         loss = probe(api_url)
         if loss is None and not same() and not done.is_set():
-            stop_job(paths, Loss(0, f"another server answers at {shown_url(api_url)}, {NOT_OURS}", SERVER_RUNS))
+            stop_job(
+                paths,
+                Loss(0, f"another server answers at {shown_url(api_url)}, {NOT_OURS}", SERVER_RUNS),
+            )
         logging.raiseExceptions = loss is None
         if loss is None:
             answered = time.monotonic()
@@ -71,14 +78,18 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
 
 
 def probe(api_url: str) -> Loss | None:
-    """The server or its database missing; None for any other answer (a busy 503, an old server's 404)."""
+    """The server or its database missing; None for any other answer (a busy 503, an old server's
+    404)."""
     answer = api_answer(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
     if answer is None:
         reason = f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)"
         return Loss(LOST_AFTER, reason, SERVER_RUNS)
     if answer[0] == NO_DATABASE[0] and NO_DATABASE[1] in answer[1]:
-        reason = f"the Prefect server at {shown} lost its database (not available for {DATABASE_LOST_AFTER:.0f} s)"
+        reason = (
+            f"the Prefect server at {shown} lost its database (not available for "
+            f"{DATABASE_LOST_AFTER:.0f} s)"
+        )
         return Loss(DATABASE_LOST_AFTER, reason, "when the server's database runs again")
     return None
 
@@ -92,14 +103,16 @@ def same_server(api_url: str) -> Callable[[], bool]:
     home = prefect_home()
     if (record := read_record(home)) is not None and record.url == api_url:
         return lambda: (
-            (answer := shown_settings(api_url)) is None or settings_of_home(answer, read_record(home) or record, home)
+            (answer := shown_settings(api_url)) is None
+            or settings_of_home(answer, read_record(home) or record, home)
         )
     first = shown_settings(api_url)
     return lambda: first is None or (answer := shown_settings(api_url)) is None or answer == first
 
 
 def shown_settings(api_url: str) -> Answer | None:
-    """The answer to ``/admin/settings``; None where it tells nothing (none in time, 5xx, 401, 403)."""
+    """The answer to ``/admin/settings``; None where it tells nothing (none in time, 5xx, 401,
+    403)."""
     answer = api_answer(api_url, "/admin/settings", PROBE_TIMEOUT)
     return None if answer is None or answer[0] in REFUSED or answer[0] >= 500 else answer
 
@@ -109,12 +122,16 @@ def stop_job(paths: JobPaths, loss: Loss) -> None:
 
     Note: no Prefect call: ``flows.job_state`` tells its run Crashed.
     """
-    line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
+    line = logging.LogRecord(
+        "dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None
+    )
     for handler in logging.getLogger("dupflow").handlers:
-        if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below
+        # job.log; the terminal gets the two lines below
+        if isinstance(handler, logging.FileHandler):
             handler.handle(line)
             handler.flush()
-    print(f"\njob {paths.job_id} stopped: {loss.reason}", file=sys.stderr)  # after a line Prefect may have left open
+    # after a line Prefect may have left open
+    print(f"\njob {paths.job_id} stopped: {loss.reason}", file=sys.stderr)
     command = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
     print(f"{loss.resume_when}, resume with: {command}", file=sys.stderr)
     sys.stderr.flush()

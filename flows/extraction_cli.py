@@ -17,8 +17,18 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import jobs_dir_of
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_documents import BASE_URL_SETTING, ExtractionError, InvalidCrtdlError, parse_crtdl
-from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
+from tasks.clients.extraction_documents import (
+    BASE_URL_SETTING,
+    ExtractionError,
+    InvalidCrtdlError,
+    parse_crtdl,
+)
+from tasks.clients.extraction_jobs import (
+    JOB_STATUSES,
+    ExtractionJob,
+    ExtractionTaskClient,
+    SearchRejectedError,
+)
 from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
@@ -27,54 +37,97 @@ from tasks.core.readable import plain_text
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-CONTROL_HELP = {"pause": "pause a running job", "resume": "resume a paused job", "cancel": "cancel a job"}
+CONTROL_HELP = {
+    "pause": "pause a running job",
+    "resume": "resume a paused job",
+    "cancel": "cancel a job",
+}
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
-ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel": "already cancelled"}
+ALREADY_WORDS = {
+    "pause": "already paused",
+    "resume": "already running",
+    "cancel": "already cancelled",
+}
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)")
+    common.add_argument(
+        "config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)"
+    )
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
     job_ref = argparse.ArgumentParser(add_help=False)
     job_ref.add_argument("job", metavar="ID-or-JOB", help="extraction job id, or a dupflow job id")
-    job_ref.add_argument("--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)")
+    job_ref.add_argument(
+        "--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)"
+    )
+    register_extraction(commands, common, job_ref)
+    register_cohort(commands, common)
 
-    extraction = commands.add_parser("extraction", help="see and steer jobs on the extraction server")
+
+def register_extraction(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+    job_ref: argparse.ArgumentParser,
+) -> None:
+    """Add ``extraction`` and its subcommands: list, show, the controls, priority, delete."""
+    extraction = commands.add_parser(
+        "extraction", help="see and steer jobs on the extraction server"
+    )
     sub = extraction.add_subparsers(required=True, metavar="SUBCOMMAND")
 
     listing = sub.add_parser("list", parents=[common], help="jobs on the extraction server")
-    listing.add_argument("--status", help=f"comma-separated job statuses ({', '.join(JOB_STATUSES)})")
+    listing.add_argument(
+        "--status", help=f"comma-separated job statuses ({', '.join(JOB_STATUSES)})"
+    )
     listing.add_argument("--id", help="comma-separated extraction job ids")
     listing.add_argument(
-        "--strict", action="store_true", help="kept for scripts: the server always rejects unknown or invalid values"
+        "--strict",
+        action="store_true",
+        help="kept for scripts: the server always rejects unknown or invalid values",
     )
     listing.set_defaults(command=command(cmd_list))
 
-    show = sub.add_parser("show", parents=[common, job_ref], help="one job: progress and consent audit files")
+    show = sub.add_parser(
+        "show", parents=[common, job_ref], help="one job: progress and consent audit files"
+    )
     show.set_defaults(command=command(cmd_show))
 
     for operation, text in CONTROL_HELP.items():
         control = sub.add_parser(operation, parents=[common, job_ref], help=text)
         control.set_defaults(command=command(cmd_control), operation=operation)
 
-    priority = sub.add_parser("priority", parents=[common, job_ref], help="raise or lower a job's priority")
+    priority = sub.add_parser(
+        "priority", parents=[common, job_ref], help="raise or lower a job's priority"
+    )
     priority.add_argument("level", choices=("high", "normal"))
     priority.set_defaults(command=command(cmd_control), operation="priority")
 
-    delete = sub.add_parser("delete", parents=[common, job_ref], help="delete a job and its result files")
+    delete = sub.add_parser(
+        "delete", parents=[common, job_ref], help="delete a job and its result files"
+    )
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     delete.set_defaults(command=command(cmd_delete))
 
+
+def register_cohort(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """Add ``cohort preview``: how many patients a CRTDL selects."""
     cohort = commands.add_parser("cohort", help="cohort commands")
     cohort_sub = cohort.add_subparsers(required=True, metavar="SUBCOMMAND")
-    preview = cohort_sub.add_parser("preview", parents=[common], help="how many patients a CRTDL selects")
+    preview = cohort_sub.add_parser(
+        "preview", parents=[common], help="how many patients a CRTDL selects"
+    )
     preview.add_argument("crtdl", help="CRTDL (or bare CCDL) JSON file")
     preview.add_argument("--ids", action="store_true", help="also print the patient ids")
     preview.set_defaults(command=command(cmd_cohort_preview))
 
 
-def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) -> Callable[[argparse.Namespace], int]:
+def command(
+    handler: Callable[[argparse.Namespace, ExtractionTaskClient], int],
+) -> Callable[[argparse.Namespace], int]:
     """Load the configuration, open the client, run ``handler``; map failures to exits."""
 
     def run(args: argparse.Namespace) -> int:
@@ -87,10 +140,16 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
             return fail(args, str(exc), EXIT_USAGE)
         except SearchRejectedError as exc:
             problems = "\n".join(f"  - {problem}" for problem in exc.problems)
-            return fail(args, f"the extraction server rejected the search:\n{problems}", EXIT_USAGE, exc.problems)
+            return fail(
+                args,
+                f"the extraction server rejected the search:\n{problems}",
+                EXIT_USAGE,
+                exc.problems,
+            )
         except ServiceError as exc:
             return fail(args, service_failure_text(exc, server), EXIT_FAILED)
-        except (ExtractionError, CredentialsInUrlError) as exc:  # about what the server sent: plain, as its words
+        # about what the server sent: plain, as its words
+        except (ExtractionError, CredentialsInUrlError) as exc:
             return fail(args, plain_text(str(exc)), EXIT_FAILED)
 
     return run
@@ -116,11 +175,16 @@ def open_client(config_path: str) -> ExtractionTaskClient:
         print(f"warning: {warning}", file=sys.stderr)
     settings = loaded.settings
     if not settings.services.extractor.base_url:
-        raise UsageError(f"{config_path}: services.extractor.base_url is not set; set it to the extraction server")
+        raise UsageError(
+            f"{config_path}: services.extractor.base_url is not set; set it to the extraction "
+            "server"
+        )
     return ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry)
 
 
-def fail(args: argparse.Namespace, message: str, code: int, problems: list[str] | None = None) -> int:
+def fail(
+    args: argparse.Namespace, message: str, code: int, problems: list[str] | None = None
+) -> int:
     if args.json:
         print_json({"ok": False, "error": message} | ({"problems": problems} if problems else {}))
     print(f"error: {message}", file=sys.stderr)
@@ -142,7 +206,8 @@ def extraction_job_id(args: argparse.Namespace) -> str:
         return ref
     if not (recorded := read_facts(job_dir).get("extraction_job_id")):
         raise UsageError(
-            f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / 'job.json'})"
+            f"dupflow job {ref} has no extraction job yet (no extraction_job_id in "
+            f"{job_dir / 'job.json'})"
         )
     return str(recorded)
 
@@ -150,7 +215,8 @@ def extraction_job_id(args: argparse.Namespace) -> str:
 def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     statuses = [s.strip().upper() for s in (args.status or "").split(",") if s.strip()]
     ids = [i.strip() for i in (args.id or "").split(",") if i.strip()]
-    # Always strict: a filter value the server ignored would list every job (a typo'd --status CANCELED too).
+    # Always strict: a filter value the server ignored would list every job (a typo'd --status
+    # CANCELED too).
     jobs = client.search(ids, statuses, strict=True)
     if args.json:
         print_json({"jobs": [job.as_json() for job in jobs]})
@@ -160,7 +226,17 @@ def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         return EXIT_OK
     print_table(
         ("ID", "STATUS", "PRIORITY", "BATCHES", "COHORT", "AGE"),
-        [(job.id, job.status, job.priority, batches_text(job), job.cohort_size, age(job.authored_on)) for job in jobs],
+        [
+            (
+                job.id,
+                job.status,
+                job.priority,
+                batches_text(job),
+                job.cohort_size,
+                age(job.authored_on),
+            )
+            for job in jobs
+        ],
     )
     return EXIT_OK
 
@@ -193,10 +269,16 @@ def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     job_id, operation = extraction_job_id(args), args.operation
-    result = client.set_priority(job_id, args.level) if operation == "priority" else client.control(job_id, operation)
+    result = (
+        client.set_priority(job_id, args.level)
+        if operation == "priority"
+        else client.control(job_id, operation)
+    )
     job = result.job
     if args.json:
-        print_json({"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()})
+        print_json(
+            {"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()}
+        )
     elif operation == "priority":
         verb = "priority set to" if result.changed else "priority already"
         print(f"extraction job {shown(job.id)}: {verb} {job.priority} (status {shown(job.status)})")
@@ -208,15 +290,23 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     job_id = extraction_job_id(args)
-    answer = args.yes or confirm(f"Delete extraction job {shown(job_id)} and its result files on {client.base_url}?")
+    answer = args.yes or confirm(
+        f"Delete extraction job {shown(job_id)} and its result files on {client.base_url}?"
+    )
     if answer is None:
-        message = f"no answer: extraction job {shown(job_id)} was not deleted (--yes deletes without asking)"
+        message = (
+            f"no answer: extraction job {shown(job_id)} was not deleted (--yes deletes without "
+            "asking)"
+        )
         return fail(args, message, EXIT_FAILED)
     if answer:  # else the person said no: nothing went wrong
         client.delete(job_id)
     outcome = "deleted; the server removes its result files" if answer else "nothing deleted"
     if args.json:
-        print_json({"ok": True, "operation": "delete", "job_id": job_id} | ({} if answer else {"deleted": False}))
+        print_json(
+            {"ok": True, "operation": "delete", "job_id": job_id}
+            | ({} if answer else {"deleted": False})
+        )
     else:
         print(f"extraction job {shown(job_id)}: {outcome}")
     return EXIT_OK
@@ -239,11 +329,16 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
     try:
         crtdl = Path(args.crtdl).read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"CRTDL {args.crtdl} not found; give the path of the CRTDL JSON file") from None
+        raise UsageError(
+            f"CRTDL {args.crtdl} not found; give the path of the CRTDL JSON file"
+        ) from None
     parse_crtdl(crtdl, args.crtdl)
     preview = client.evaluate_cohort(crtdl)
     if args.json:
-        print_json({"cohort_size": preview.size} | ({"patient_ids": list(preview.patient_ids)} if args.ids else {}))
+        print_json(
+            {"cohort_size": preview.size}
+            | ({"patient_ids": list(preview.patient_ids)} if args.ids else {})
+        )
         return EXIT_OK
     print(f"cohort size: {preview.size} patient{'s' if preview.size != 1 else ''}")
     if args.ids:
@@ -256,7 +351,9 @@ def print_table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> None
     cells = [header, *([shown(cell) for cell in row] for row in rows)]
     widths = [max(len(cell) for cell in column) for column in zip(*cells, strict=True)]
     for row in cells:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
 
 
 def batches_text(job: ExtractionJob) -> str:

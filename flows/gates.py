@@ -25,7 +25,8 @@ from tasks.job.contract import StepInput, StepResult, stored_in_job
 from tasks.job.record import SUSPENDED, PlainText
 from tasks.wait import gate_result_path, wait
 
-COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the command line starts (``flows.job_runs``)
+# the deployment of the jobs the command line starts (``flows.job_runs``)
+COMMAND_LINE_DEPLOYMENT = "command-line"
 
 
 def editable_toggle(schema: dict[str, Any]) -> None:
@@ -40,15 +41,20 @@ def editable_toggle(schema: dict[str, Any]) -> None:
 class InspectionInput(RunInput):
     """The form a person fills in to resume a job suspended for inspection."""
 
-    confirmed: Literal[True] = Field(  # JSON schema enum [true], required: the server refuses anything else
-        description="Turn on to confirm: I have inspected the data (and put any corrected files in the _wait folder). "
-        "Submitted off, the resume is refused and the job stays suspended.",
+    # JSON schema enum [true], required: the server refuses anything else
+    confirmed: Literal[True] = Field(
+        description="Turn on to confirm: I have inspected the data (and put any corrected files "
+        "in the _wait folder). Submitted off, the resume is refused and the job stays suspended.",
         json_schema_extra=editable_toggle,
     )
-    note: PlainText = Field(default="", description="A note for the job record: what was checked or changed")
+    note: PlainText = Field(
+        default="", description="A note for the job record: what was checked or changed"
+    )
 
 
-def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
+def run_gate(
+    job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None
+) -> StepResult:
     """Suspend until resumed with the form, then run ``wait`` with its note.
 
     Note: a resumed or retried run finds the form. ``continue``'s note answers a gate that paused
@@ -56,8 +62,8 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
     """
     if runtime.deployment.id is None:
         raise JobError(
-            f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
-            f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
+            f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot "
+            f"be suspended; run it with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
@@ -68,8 +74,14 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
         awaiting = stored_in_job(wait, step)(step, job_state.resume_hint(job.paths.job_dir))
         card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
         timeout = job.settings.pipeline.wait_timeout
-        card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, job.paths.job_dir))
-        answer = suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
-    inspection = InspectionInput.model_validate(answer)  # Prefect's dispatch types it as a coroutine too
+        card.set_state(
+            SUSPENDED,
+            job_state.suspended_message(key, datetime.now(UTC) + timeout, job.paths.job_dir),
+        )
+        answer = suspend_flow_run(
+            wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key
+        )
+    # Prefect's dispatch types it as a coroutine too
+    inspection = InspectionInput.model_validate(answer)
     inspected: StepResult = stored_in_job(wait, step)(step, note=inspection.note)
     return inspected

@@ -15,10 +15,13 @@ from config.runtime import CLI
 
 AUTOMATION_NAME = "dupflow: a job's flow run whose heartbeats stopped is Crashed"
 CRASHED_AFTER_SECONDS = 90  # three heartbeats: one late beat on a loaded machine is no crash
-ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")  # a run that sends no more beats
+# a run that sends no more beats
+ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")
 CRASH_DETECTION = {
     "name": AUTOMATION_NAME,
-    "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",
+    "description": (
+        "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed."
+    ),
     "trigger": {
         "type": "event",
         "posture": "Proactive",
@@ -34,8 +37,9 @@ CRASH_DETECTION = {
         {
             "type": "change-flow-run-state",
             "state": "CRASHED",
-            "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s (killed, or its machine "
-            f"stopped); resume it with: {CLI} continue JOB (the job id is this flow run's name)",
+            "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s "
+            f"(killed, or its machine stopped); resume it with: {CLI} continue JOB (the job id is "
+            "this flow run's name)",
         }
     ],
 }
@@ -43,11 +47,13 @@ _ensured_on: Final[set[str]] = set()  # the API URLs this process found holding 
 
 
 def ensure_crash_detection() -> str | None:
-    """Make the automation unless the server has it (of two made at once, the newer goes); return why it could not.
+    """Make the automation unless the server has it (of two made at once, the newer goes); return
+    why it could not.
 
-    Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the run exists: the engine
-    sends the first heartbeat before the flow's first line, a beat the server saw before the automation starts no
-    watch, and a job killed before its second beat would stay Running. The flow makes it too, for a worker's run."""
+        Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the
+        run exists: the engine sends the first heartbeat before the flow's first line, a beat the
+        server saw before the automation starts no watch, and a job killed before its second beat
+        would stay Running. The flow makes it too, for a worker's run."""
     try:
         with get_client(sync_client=True) as client:
             api_url = str(client.api_url)  # asked once: by the command line, then by its flow

@@ -29,29 +29,50 @@ from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_j
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
-from tasks.job.record import FINAL_STATES, RUNNING, SUSPENDED, UNKNOWN, JobRecord, RecordError, read_record
+from tasks.job.record import (
+    FINAL_STATES,
+    RUNNING,
+    SUSPENDED,
+    UNKNOWN,
+    JobRecord,
+    RecordError,
+    read_record,
+)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (SUSPENDED,)  # a person still has to look at these: removed only by name
 KEPT_BECAUSE = {
     RUNNING: "Running (a process works on it)",
-    UNKNOWN: "no flow run of it on this Prefect server (another home's, or a lost database): prune it from the home "
-    "that ran it, or remove its directory yourself",
+    UNKNOWN: "no flow run of it on this Prefect server (another home's, or a lost database): "
+    "prune it from the home that ran it, or remove its directory yourself",
 }
-PRUNING_PREFIX = ".pruning-"  # a job directory being removed is renamed to this and its id: no job to list
-LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
+# a job directory being removed is renamed to this and its id: no job to list
+PRUNING_PREFIX = ".pruning-"
+# a process carries the run on: its records stay
+LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prune = commands.add_parser(
-        "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
+        "prune",
+        help=(
+            "list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
+        ),
     )
-    prune.add_argument("--older-than", metavar="DURATION", help="only jobs changed longer ago on disk (P30D, 30d, 12h)")
+    prune.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="only jobs changed longer ago on disk (P30D, 30d, 12h)",
+    )
     states = f"({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; default: {', '.join(FINAL_STATES)})"
     help_text = f"only jobs in this state, repeatable {states}"
     prune.add_argument("--state", action="append", type=state_name, metavar="STATE", help=help_text)
-    prune.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
-    prune.add_argument("--yes", action="store_true", help="remove them (without it: only list what would go)")
+    prune.add_argument(
+        "--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"
+    )
+    prune.add_argument(
+        "--yes", action="store_true", help="remove them (without it: only list what would go)"
+    )
     prune.set_defaults(command=cmd_prune)
 
 
@@ -62,9 +83,13 @@ def state_name(text: str) -> str:
     """
     known = {state.lower(): state for state in FINAL_STATES + NAMED_ONLY_STATES}
     if text.lower() == RUNNING.lower():
-        raise argparse.ArgumentTypeError("a running job is never removed; stop it first (it becomes Crashed)")
+        raise argparse.ArgumentTypeError(
+            "a running job is never removed; stop it first (it becomes Crashed)"
+        )
     if text.lower() not in known:
-        raise argparse.ArgumentTypeError(f"{text!r} is no job state; use one of {', '.join(known.values())}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no job state; use one of {', '.join(known.values())}"
+        )
     return known[text.lower()]
 
 
@@ -86,7 +111,8 @@ class Candidate:
 @dataclass
 class Selection:
     chosen: list[Candidate] = field(default_factory=list)
-    protected: list[tuple[str, str]] = field(default_factory=list)  # (entry name, why it stays) worth a line each
+    # (entry name, why it stays) worth a line each
+    protected: list[tuple[str, str]] = field(default_factory=list)
     not_matching: int = 0  # jobs too recent or in a state not asked for
 
 
@@ -104,21 +130,31 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if not args.yes:
             print_how_to_remove(selection, args)
             if begun := begun_removals(jobs_dir):
-                print(f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them")
+                print(
+                    f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them"
+                )
             return EXIT_OK
         unfinished = finish_removals(jobs_dir)
         return max(remove_jobs(selection.chosen, jobs_dir), EXIT_FAILED if unfinished else EXIT_OK)
     except ServiceError as exc:
-        print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
+        print(
+            f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 
 def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None) -> Selection:
     selection, now = Selection(), datetime.now(UTC)
     readable = readable_jobs(jobs_dir, selection)
-    for (paths, job), state in zip(readable, current_states([paths for paths, _ in readable]), strict=True):
+    for (paths, job), state in zip(
+        readable, current_states([paths for paths, _ in readable]), strict=True
+    ):
         changed_at = changed_time(paths)
-        too_recent = older_than is not None and now - datetime.fromisoformat(changed_at) < older_than  # both UTC
+        # both UTC
+        too_recent = (
+            older_than is not None and now - datetime.fromisoformat(changed_at) < older_than
+        )
         if state in (RUNNING, UNKNOWN):
             selection.protected.append((paths.job_id, KEPT_BECAUSE[state]))
         elif state in NAMED_ONLY_STATES and state not in states:
@@ -131,7 +167,9 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
                 selection.protected.append((paths.job_id, why))
                 continue
             size, left_running = size_on_disk(paths.job_dir), unfollowed_extraction(paths, job)
-            selection.chosen.append(Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running))
+            selection.chosen.append(
+                Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running)
+            )
     return selection
 
 
@@ -150,7 +188,9 @@ def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, 
             try:
                 readable.append((JobPaths(entry), read_record(entry)))
             except RecordError as exc:
-                selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
+                selection.protected.append(
+                    (entry.name, f"its job.json cannot be read (look at it yourself): {exc}")
+                )
     return readable
 
 
@@ -159,7 +199,11 @@ def changed_time(paths: JobPaths) -> str:
 
     Note: every run writes to the log.
     """
-    times = [path.stat().st_mtime for path in (paths.job_file, paths.log_file, paths.results) if path.exists()]
+    times = [
+        path.stat().st_mtime
+        for path in (paths.job_file, paths.log_file, paths.results)
+        if path.exists()
+    ]
     return datetime.fromtimestamp(max(times, default=0), UTC).isoformat(timespec="seconds")
 
 
@@ -174,15 +218,17 @@ def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):
         extraction = shlex.quote(plain_text(str(extraction)))
-        where = shown_url(plain_text(str(job.facts.get("extraction_status_url") or "the extraction server")))
+        where = shown_url(
+            plain_text(str(job.facts.get("extraction_status_url") or "the extraction server"))
+        )
         return (
-            f"its extraction job {extraction} may still run ({where}); to cancel it: "
-            f"{CLI} extraction cancel {config} {extraction}"
+            f"its extraction job {extraction} may still run ({where}); to cancel it: {CLI} "
+            f"extraction cancel {config} {extraction}"
         )
     if job.facts.get("extraction_submission"):
         return (
-            "an extraction it submitted may run on the extraction server, named nowhere; look for it with: "
-            f"{CLI} extraction list {config} --status {','.join(UNFINISHED_STATUSES)}"
+            "an extraction it submitted may run on the extraction server, named nowhere; look "
+            f"for it with: {CLI} extraction list {config} --status {','.join(UNFINISHED_STATUSES)}"
         )
     return None
 
@@ -215,18 +261,26 @@ def housekeeping_api_url() -> str | None:
 
 
 def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], list[str]]:
-    """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's ``dir-…``; a run from
-    before directories were tagged counts for every directory of its job), their ids and their artifacts' ids."""
+    """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's
+    ``dir-…``; a run from before directories were tagged counts for every directory of its job),
+    their ids and their artifacts' ids."""
     if prefect_api_url() is None:
         return [], [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
-        for run in filter_rows("/flow_runs/filter", flow_runs={"tags": {"all_": [job_tag(paths.job_id)]}})
-        if own in run["tags"] or not any(tag.startswith(DIRECTORY_TAG_PREFIX) for tag in run["tags"])
+        for run in filter_rows(
+            "/flow_runs/filter", flow_runs={"tags": {"all_": [job_tag(paths.job_id)]}}
+        )
+        if own in run["tags"]
+        or not any(tag.startswith(DIRECTORY_TAG_PREFIX) for tag in run["tags"])
     ]
     run_ids = [run["id"] for run in runs]
-    artifacts = filter_rows("/artifacts/filter", artifacts={"flow_run_id": {"any_": run_ids}}) if runs else []
+    artifacts = (
+        filter_rows("/artifacts/filter", artifacts={"flow_run_id": {"any_": run_ids}})
+        if runs
+        else []
+    )
     return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
@@ -237,7 +291,9 @@ def live_run(runs: list[dict[str, Any]], states: tuple[str, ...]) -> str | None:
     """
     for run in runs:
         state = run.get("state") or {}
-        if state.get("type") in LIVE_RUN_STATES or (state.get("type") == "PAUSED" and state.get("name") not in states):
+        if state.get("type") in LIVE_RUN_STATES or (
+            state.get("type") == "PAUSED" and state.get("name") not in states
+        ):
             return f"its flow run {run['id']} is {state.get('name')} on the server"
     return None
 
@@ -246,7 +302,10 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
     where = shown_url(api_url) if api_url else "no Prefect server (none configured)"
     print(f"jobs in {jobs_dir}; flow runs and artifacts on {where}")
     if selection.chosen:
-        print(f"{'JOB':<36}  {'STATE':<18}  {'CHANGED':>9}  {'SIZE':>10}  {'FLOW RUNS':>9}  {'ARTIFACTS':>9}")
+        print(
+            f"{'JOB':<36}  {'STATE':<18}  {'CHANGED':>9}  {'SIZE':>10}  {'FLOW RUNS':>9}  "
+            f"{'ARTIFACTS':>9}"
+        )
     for job in selection.chosen:
         print(
             f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {size_text(job.size):>10}  "
@@ -258,7 +317,9 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
     for name, why in selection.protected:
         print(f"kept {name}: {why}")
     if selection.not_matching:
-        print(f"kept {selection.not_matching} other job(s): more recent, or in a state not asked for")
+        print(
+            f"kept {selection.not_matching} other job(s): more recent, or in a state not asked for"
+        )
 
 
 def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
@@ -266,7 +327,10 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
         print("nothing to remove")
         return
     total = sum(job.size for job in selection.chosen)
-    print(f"would remove {len(selection.chosen)} job(s), {size_text(total)} on disk; nothing was removed")
+    print(
+        f"would remove {len(selection.chosen)} job(s), {size_text(total)} on disk; nothing was "
+        "removed"
+    )
     options = ["--older-than", args.older_than] if args.older_than else []
     options += [option for state in args.state or [] for option in ("--state", state)]
     options += ["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else []
@@ -276,7 +340,11 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
 def begun_removals(jobs_dir: Path) -> list[Path]:
     """Job directories a prune renamed for removal (``PRUNING_PREFIX``), unfinished."""
     found = sorted(jobs_dir.glob(f"{PRUNING_PREFIX}*")) if jobs_dir.is_dir() else []
-    return [path for path in found if is_job_id(path.name.removeprefix(PRUNING_PREFIX)) and not path.is_symlink()]
+    return [
+        path
+        for path in found
+        if is_job_id(path.name.removeprefix(PRUNING_PREFIX)) and not path.is_symlink()
+    ]
 
 
 def finish_removals(jobs_dir: Path) -> int:
@@ -295,14 +363,19 @@ def finish_removals(jobs_dir: Path) -> int:
             unfinished += 1
             print(f"error: could not finish removing {path}: {removal_error(exc)}", file=sys.stderr)
             continue
-        print(f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)")
+        print(
+            f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)"
+        )
     return unfinished
 
 
 def removal_error(exc: OSError) -> str:
     """Why a removal failed, and the fix (rmtree names a file by its name alone)."""
     which = f" ({exc.filename})" if exc.filename else ""
-    return f"{exc.strerror or exc}{which}; make it removable (its owner, its attributes), then run prune --yes again"
+    return (
+        f"{exc.strerror or exc}{which}; make it removable (its owner, its attributes), then run "
+        "prune --yes again"
+    )
 
 
 def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
@@ -315,13 +388,19 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
             failed += 1
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             left = f" (it is left as {trash})" if trash.exists() else ""
-            print(f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}", file=sys.stderr)
+            print(
+                f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}",
+                file=sys.stderr,
+            )
             continue
         if why_not:
             print(f"skipped {job.job_id}: {why_not}")
         else:
             removed += 1
-            print(f"removed {job.job_id} ({len(job.flow_run_ids)} flow run(s), {len(job.artifact_ids)} artifact(s))")
+            print(
+                f"removed {job.job_id} ({len(job.flow_run_ids)} flow run(s), "
+                f"{len(job.artifact_ids)} artifact(s))"
+            )
             if job.left_running:
                 print(f"  {job.left_running}")
     print(f"removed {removed} of {len(chosen)} job(s)")
@@ -332,7 +411,8 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
     """Remove one job under its lock; why not, or None."""
     if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
         return "not a directory of the jobs directory"
-    if not job.paths.job_file.is_file():  # another prune removed it (its lock would make the folder again)
+    # another prune removed it (its lock would make the folder again)
+    if not job.paths.job_file.is_file():
         return "it is gone (removed by another prune meanwhile)"
     try:
         with JobLock(job.paths):
@@ -341,11 +421,14 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
             runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
             if why := live_run(runs, (job.state,)):
                 return why
-            records = [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]
+            records = [f"/artifacts/{a}" for a in job.artifact_ids] + [
+                f"/flow_runs/{r}" for r in job.flow_run_ids
+            ]
             for path in records:  # artifacts first; a flow run's task runs and logs go with it
                 api_json("DELETE", path)
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
-            os.replace(job.paths.job_dir, trash)  # in one step: a kill in rmtree leaves no job that looks whole
+            # in one step: a kill in rmtree leaves no job that looks whole
+            os.replace(job.paths.job_dir, trash)
             shutil.rmtree(trash)
     except JobLockedError:
         return "a process took it meanwhile"

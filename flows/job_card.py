@@ -26,7 +26,8 @@ from tasks.job.layout import artifact_key, step_artifact_key
 from tasks.job.record import RUNNING, counts_text, read_record
 
 STEP_NAMES_IN_KEYS = "|".join(step.replace("_", "-") for step in STEP_NAMES)
-STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")  # a step's key after job-<id>-
+# a step's key after job-<id>-
+STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")
 
 
 def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
@@ -35,7 +36,10 @@ def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
         "job_id": job.job_id,
         "job_dir": str(job.paths.job_dir),
         "output_dir": str(job.paths.job_dir / finished[-1].folder) if finished else None,
-        "steps": [{"step": r.step, "folder": r.folder, "files": len(r.files), "awaiting": r.awaiting} for r in results],
+        "steps": [
+            {"step": r.step, "folder": r.folder, "files": len(r.files), "awaiting": r.awaiting}
+            for r in results
+        ],
     }
 
 
@@ -44,7 +48,8 @@ def publish_step_table(job: Job, result: StepResult) -> None:
     create_table_artifact(
         key=step_artifact_key(job.job_id, result.position, result.step),
         table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
-        description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in `{result.folder}`",
+        description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in "
+        f"`{result.folder}`",
     )
 
 
@@ -83,16 +88,22 @@ class JobRecordCard:
         place of the job's own outcome (a finished job stays Completed).
         """
         try:
-            markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
+            markdown = job_record_markdown(
+                self._job, self._results, self._failed, (self._state, self._message)
+            )
             key = artifact_key(self._job.job_id)
             self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
             if self._artifact_id is None:
-                self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
+                self._artifact_id = create_markdown_artifact(
+                    key=key, markdown=markdown, description="Job record"
+                )
             else:
                 with get_client(sync_client=True) as client:
                     client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
         except Exception as publish_error:
-            get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
+            get_run_logger().warning(
+                "the job record could not be updated: %s", one_line(publish_error)
+            )
 
 
 def this_runs_artifact_id(key: str) -> Any:
@@ -107,35 +118,20 @@ def job_record_markdown(
     job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
 ) -> str:
     """The job record: state, flow run, steps with artifact links, inspections, facts."""
-    base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
+    # empty: links relative to the UI's own origin
+    base = (get_current_settings().ui_url or "").rstrip("/")
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
     message = f" — {one_line_text(job_state[1])}" if job_state[1] else ""
     lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {job_state[0]}**{message}", ""]
     lines += [f"Job directory: `{job.paths.job_dir}`", ""]
     if runtime.flow_run.id:
-        lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
-    lines += [
-        "| # | step | state | folder | files | contents | size | time | artifacts |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
-        took = "" if r.seconds is None else duration_text(r.seconds)
-        lines.append(
-            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {counts_text(r.files)} "
-            f"| {size_text(r.size)} | {took} | {step_links(links, r.position)} |"
-        )
-    pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
-    if failed is not None and pending:
-        (position, step), *pending = pending
-        cause = one_line(failed)
-        lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
-    if failed is None and pending and job_state[0] == RUNNING:  # the step at work: a link to its live progress
-        (position, step), *pending = pending
-        progress = f"[progress]({base}/artifacts/key/{step_artifact_key(job.job_id, position, step, 'progress')})"
-        lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")
-    lines += [f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending]
+        lines += [
+            "Latest flow run: "
+            f"[{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})",
+            "",
+        ]
+    lines += step_table(job, results, failed, job_state[0], links, base)
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):
         lines += ["", f"Other artifacts: {' · '.join(others)}"]
@@ -144,6 +140,47 @@ def job_record_markdown(
     if facts := redact_strings(dict(sorted(record.facts.items()))):  # an older record's: a secret?
         lines += ["", "## Facts", "", *markdown_list(facts)]
     return "\n".join(lines)
+
+
+def step_table(
+    job: Job,
+    results: list[StepResult],
+    failed: BaseException | None,
+    job_state: str,
+    links: dict[int | None, list[str]],
+    base: str,
+) -> list[str]:
+    """The steps' markdown table: done, failed, running (linked to its progress), not run yet."""
+    lines = [
+        "| # | step | state | folder | files | contents | size | time | artifacts |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
+        took = "" if r.seconds is None else duration_text(r.seconds)
+        lines.append(
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | "
+            f"{counts_text(r.files)} | {size_text(r.size)} | {took} | "
+            f"{step_links(links, r.position)} |"
+        )
+    pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
+    if failed is not None and pending:
+        (position, step), *pending = pending
+        cause = one_line(failed)
+        lines.append(
+            f"| {position + 1} | {step} | failed: {cause} | | | | | | "
+            f"{step_links(links, position)} |"
+        )
+    # the step at work: a link to its live progress
+    if failed is None and pending and job_state == RUNNING:
+        (position, step), *pending = pending
+        key = step_artifact_key(job.job_id, position, step, "progress")
+        progress = f"[progress]({base}/artifacts/key/{key})"
+        lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")
+    lines += [
+        f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending
+    ]
+    return lines
 
 
 def markdown_list(value: Any) -> list[str]:
@@ -161,12 +198,17 @@ def inspection_lines(results: list[StepResult]) -> list[str]:
     lines = []
     for r in (r for r in results if r.step == "wait"):
         note = str(r.summary.get("inspection note") or "")
-        state = "awaiting inspection" if r.awaiting else "released" + (f": {markdown_text(note)}" if note else "")
+        state = (
+            "awaiting inspection"
+            if r.awaiting
+            else "released" + (f": {markdown_text(note)}" if note else "")
+        )
         lines.append(f"- step {r.position + 1} ({r.step}): {state}")
     return lines
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")  # within a line (a list item's text): no . - + # !
+# within a line (a list item's text): no . - + # !
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")
 
 
 def markdown_text(text: str) -> str:
@@ -187,14 +229,18 @@ def step_time_text(results: list[StepResult]) -> str:
     total = sum(r.seconds or 0.0 for r in results)
     cached = sum(r.seconds or 0.0 for r in results if r.cached)
     text = f"**Step time so far**: {duration_text(total)}"
-    return text + (f" ({duration_text(cached)} of it in earlier runs, served from the cache)" if cached else "")
+    return text + (
+        f" ({duration_text(cached)} of it in earlier runs, served from the cache)" if cached else ""
+    )
 
 
 def one_line(exc: BaseException) -> str:
     """A failure's cause for a table cell: its first line, no pipes, redacted."""
     if isinstance(exc, KeyboardInterrupt | ExternalSignal):
         return "interrupted"
-    return one_line_text(exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}")
+    return one_line_text(
+        exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}"
+    )
 
 
 def one_line_text(message: str) -> str:
@@ -223,9 +269,13 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     with get_client(sync_client=True) as client:
         found = client.read_latest_artifacts(artifact_filter=by_key)
     links: dict[int | None, list[str]] = {}
-    for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
+    for artifact in sorted(
+        (a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""
+    ):
         position, label = artifact_label(artifact.key.removeprefix(prefix))
-        links.setdefault(position, []).append(f"[{label}]({base}/artifacts/artifact/{artifact.latest_id})")
+        links.setdefault(position, []).append(
+            f"[{label}]({base}/artifacts/artifact/{artifact.latest_id})"
+        )
     return links
 
 

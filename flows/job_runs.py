@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterTags, TaskRunFilter
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterTags,
+    TaskRunFilter,
+)
 from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStateType
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import FlowRunSort
@@ -26,11 +32,14 @@ from flows.pipeline import pipeline
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 
-CONTINUING = ("note", "attach", "resubmit")  # a continue's own parameters: each continue gives them anew
-RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
+# a continue's own parameters: each continue gives them anew
+CONTINUING = ("note", "attach", "resubmit")
+# Prefect's name for a run set back to go again (``prefect flow-run retry``)
+RETRIED = "AwaitingRetry"
 DESCRIPTION = (
-    "Jobs started on the command line (python -m flows.run start): the command line runs them; a Resume or Retry "
-    "here, the home's runner beside its local server (or: python -m flows.run continue JOB_ID)"
+    "Jobs started on the command line (python -m flows.run start): the command line runs them; a "
+    "Resume or Retry here, the home's runner beside its local server (or: python -m flows.run "
+    "continue JOB_ID)"
 )
 
 
@@ -51,7 +60,8 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
             description=DESCRIPTION,
         )
         tags = [job_tag(job_id), directory_tag(paths.job_dir)]
-        run = client.create_flow_run_from_deployment(  # Pending: no runner takes a run this process executes
+        # Pending: no runner takes a run this process executes
+        run = client.create_flow_run_from_deployment(
             deployment_id, parameters=parameters, name=job_id, tags=tags, state=Pending()
         )
     return JobRun(run, said)
@@ -63,31 +73,46 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) 
     Note: a new run when this server has none of the job's.
     """
     with get_client(sync_client=True) as client:
-        tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])  # a copy has its own
+        # a copy has its own
+        tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
         sort = FlowRunSort.EXPECTED_START_TIME_DESC
         found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags), sort=sort, limit=1)
         run = found[0] if found else None
-        if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
-            said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
-            return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
+        # a lost database, another home, a copy, or a job from before
+        if run is None or run.deployment_id is None:
+            said = (
+                "its flow run is not on this Prefect server (or is from before jobs had one run): "
+                "a new run takes"
+            )
+            return new_job_run(
+                job_id, paths, parameters, f"{said} every finished step from the job folder"
+            )
         reset = reset_parameters(client, run, parameters)
-        end_attempt(client, run.id)
+        end_attempt(client, run.id, datetime.now(UTC))
         again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
-        client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
+        # this process holds the job's lock: none runs it
+        client.set_flow_run_state(run.id, again, force=True)
         return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
 
 
-def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
-    """Set Crashed the task runs a killed last attempt left unfinished.
+def end_attempt(client: SyncPrefectClient, run_id: UUID, before: datetime) -> None:
+    """Set Crashed the task runs an earlier attempt left unfinished (last state ``before``).
 
     Why: nothing else ends them; the UI showed them Running for good, also after the job completed.
+    Note: the server records task runs from their events, late under load: a continued run
+    sweeps again when it ends (``execute``).
     """
-    unfinished = TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])
+    unfinished = TaskRunFilterStateType(
+        any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]
+    )
     of_run = FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
     left = TaskRunFilter(state=TaskRunFilterState(type=unfinished))
-    ended: State[Any] = Crashed(message="its process ended before the task did; the job was continued")
+    ended: State[Any] = Crashed(
+        message="its process ended before the task did; the job was continued"
+    )
     for task_run in client.read_task_runs(flow_run_filter=of_run, task_run_filter=left):
-        client.set_task_run_state(task_run.id, ended, force=True)
+        if task_run.state is not None and task_run.state.timestamp < before:
+            client.set_task_run_state(task_run.id, ended, force=True)
 
 
 def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
@@ -98,7 +123,11 @@ def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[s
     """
     client.update_flow_run(run.id, parameters=parameters)
     server, own = flat_inputs(run.parameters), flat_inputs(parameters)
-    if not (differing := sorted(key for key in server.keys() | own.keys() if server.get(key) != own.get(key))):
+    if not (
+        differing := sorted(
+            key for key in server.keys() | own.keys() if server.get(key) != own.get(key)
+        )
+    ):
         return ""
     shown = plain_text(", ".join(differing))
     return f"its flow run's parameters on the server differed from its job.json in {shown}: reset; "
@@ -109,7 +138,9 @@ def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
 
     Note: a continue's own inputs are left out.
     """
-    flat = {key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")}
+    flat = {
+        key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")
+    }
     overrides = parameters.get("overrides")
     return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
@@ -122,14 +153,19 @@ def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
     """
     from prefect.flow_engine import run_flow
 
+    began, continued = datetime.now(UTC), run.state is not None and run.state.name == RETRIED
     try:
         ended = run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
         assert isinstance(ended, State), "a sync flow's run gives its state"
-        return cancelled_if_asked(run.id, ended)
+        ended = cancelled_if_asked(run.id, ended)
     except Pause as paused:
-        return paused.state
+        ended = paused.state
     except ObjectNotFound:  # deleted on the server while it ran (the UI's Delete): no state to give
         return None
+    if continued:
+        with get_client(sync_client=True) as client:
+            end_attempt(client, run.id, began)
+    return ended
 
 
 def cancelled_if_asked(run_id: UUID, ended: State[Any]) -> State[Any]:
@@ -154,9 +190,12 @@ def serve() -> None:
     Note: it runs beside the home's server.
     """
     apply_process_defaults()
-    pipeline.serve(name=COMMAND_LINE_DEPLOYMENT, description=DESCRIPTION, print_starting_message=False)
+    pipeline.serve(
+        name=COMMAND_LINE_DEPLOYMENT, description=DESCRIPTION, print_starting_message=False
+    )
 
 
 if __name__ == "__main__":
-    argparse.ArgumentParser(description="the home's runner of the command line's jobs").parse_args()  # --help
+    # --help
+    argparse.ArgumentParser(description="the home's runner of the command line's jobs").parse_args()
     serve()

@@ -23,15 +23,24 @@ from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
 from tasks.core.json_shapes import JSON, as_object
 from tasks.core.readable import plain_text
-from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
+from tasks.job.layout import (
+    DIRECTORY_TAG_PREFIX,
+    JobPaths,
+    directory_tag,
+    is_job_id,
+    job_of_tag,
+    job_tag,
+)
 from tasks.job.layout import result_name, step_artifact_key
 from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord
 from tasks.job.record import read_record
 from tasks.job.result_records import read_result_record
 
 LOCK_FILE = ".lock"
-SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
-TAGS_PER_REQUEST = 100  # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
+# a suspended run resumed in the UI, waiting to be run
+SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")
+# a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
+TAGS_PER_REQUEST = 100
 
 
 class JobLockedError(JobError):
@@ -52,17 +61,19 @@ class JobLock:
     def acquire(self) -> JobLock:
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=self._path.parent).close()  # every record write makes a file beside job.json
+            # every record write makes a file beside job.json
+            tempfile.TemporaryFile(dir=self._path.parent).close()
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # never written through: its target could be any file
                 raise JobError(
-                    f"job {self._path.parent.name}: its lock file {self._path} is a symbolic link; remove it and run "
-                    "continue"
+                    f"job {self._path.parent.name}: its lock file {self._path} is a symbolic "
+                    "link; remove it and run continue"
                 ) from None
             raise JobError(
                 f"job {self._path.parent.name}: cannot write in its directory {self._path.parent} "
-                f"({exc.strerror}); make it writable, or copy the job to a writable place, and run continue there"
+                f"({exc.strerror}); make it writable, or copy the job to a writable place, and "
+                "run continue there"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -74,8 +85,8 @@ class JobLock:
             if holder == str(os.getpid()).encode():
                 return self
             raise JobLockedError(
-                f"job {self._path.parent.name} is being worked on by another process; wait for it to end (or stop "
-                "it) and run continue"
+                f"job {self._path.parent.name} is being worked on by another process; wait for it "
+                "to end (or stop it) and run continue"
             ) from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -121,7 +132,9 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
     """
     until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC" if expires else ""
     if found := re.fullmatch(r"wait-(\d+)", pause_key or ""):
-        waits = f"awaiting inspection at step {int(found[1]) + 1} (wait){until} (pipeline.wait_timeout)"
+        waits = (
+            f"awaiting inspection at step {int(found[1]) + 1} (wait){until} (pipeline.wait_timeout)"
+        )
     else:
         waits = f"suspended on the Prefect server{until}"
     return f"{waits}; to go on: {resume_hint(job_dir)}"
@@ -137,7 +150,8 @@ def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
         named: JSON = {"tags": {"any_": [job_tag(job_id) for job_id in page]}}
-        # Newest first: the first run naming a job is its newest (a job may have more: a copy's, earlier ones).
+        # Newest first: the first run naming a job is its newest (a job may have more: a copy's,
+        # earlier ones).
         for run in newest_rows("/flow_runs/filter", flow_runs=named):
             tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
@@ -161,10 +175,12 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
     for candidate in (Path(job), jobs_dir / job):
         if is_job_id(candidate.name) and candidate.is_dir():
             raise JobError(
-                f"{candidate.resolve()} holds no job.json: its start was stopped before the job was recorded, and "
-                "nothing ran; start the job again, and remove that directory"
+                f"{candidate.resolve()} holds no job.json: its start was stopped before the job "
+                "was recorded, and nothing ran; start the job again, and remove that directory"
             )
-    raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
+    raise JobError(
+        f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)"
+    )
 
 
 def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
@@ -189,7 +205,9 @@ def newest_run(paths: JobPaths) -> dict[str, Any] | None:
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
-def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> dict[int, StepRecord | str]:
+def finished_steps(
+    paths: JobPaths, steps: list[str], run: dict[str, Any]
+) -> dict[int, StepRecord | str]:
     """The steps the run's latest attempt finished, by position.
 
     Note: a gate's is awaiting or released.
@@ -203,22 +221,33 @@ def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> di
     # Newest first: the first is the latest.
     for task_run in newest_rows("/task_runs/filter", flow_runs=of_run, task_runs=named):
         position = names.get(str(task_run.get("name")))
-        if position is None or position in done or task_run.get("flow_run_run_count") != run.get("run_count"):
+        if (
+            position is None
+            or position in done
+            or task_run.get("flow_run_run_count") != run.get("run_count")
+        ):
             continue
         state = task_run.get("state") or {}
-        if state.get("type") == "COMPLETED" and (record := step_record(paths, steps[position], position, state)):
+        if state.get("type") == "COMPLETED" and (
+            record := step_record(paths, steps[position], position, state)
+        ):
             done[position] = record
     return done
 
 
-def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | str | None:
+def step_record(
+    paths: JobPaths, step: str, position: int, state: dict[str, Any]
+) -> StepRecord | str | None:
     """The record the state names, looked up by name in the job folder (it may move).
 
     Note: why not where the record is not this step's; None where the state names no record of it.
     """
     name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
-    suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's outcome (tasks.wait), or a digest
-    if not re.fullmatch(re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name):
+    # a gate's outcome (tasks.wait), or a digest
+    suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"
+    if not re.fullmatch(
+        re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name
+    ):
         return None
     try:
         document = read_result_record(paths.results / name)
@@ -228,7 +257,10 @@ def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]
     except (ValidationError, ValueError, KeyError, TypeError):
         return f"the result record {name} holds no step's result"
     if (record.step, record.position) != (step, position):
-        return f"the result record {name} holds the result of step {record.position + 1} ({record.step})"
+        return (
+            f"the result record {name} holds the result of step {record.position + 1} "
+            f"({record.step})"
+        )
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 

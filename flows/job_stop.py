@@ -52,7 +52,8 @@ class JobStop:
         """
         if isinstance(exc, KeyboardInterrupt | TerminationSignal):
             self.stop(INTERRUPTED)
-        elif isinstance(exc, Abort) and self.reason is None:  # the server refused a task: a cancel came first
+        # the server refused a task: a cancel came first
+        elif isinstance(exc, Abort) and self.reason is None:
             self.stop(CANCELLED_ON_SERVER)
         if self.suspended is not None:
             return self.suspended
@@ -70,7 +71,9 @@ def stop_watch(flow_run_id: UUID) -> Iterator[JobStop]:
     suspension = FlowRunContext.get()
     with cancel_scope() as cancel:
         stop = JobStop(cancel)
-        watch = threading.Thread(target=watch_run, args=(flow_run_id, stop, suspension), daemon=True)
+        watch = threading.Thread(
+            target=watch_run, args=(flow_run_id, stop, suspension), daemon=True
+        )
         watch.start()
         try:
             yield stop
@@ -87,7 +90,8 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
 
     async def observe() -> None:
         cancelling = FlowRunCancellingObserver(
-            on_cancelling=lambda _: stop.stop(CANCELLED_ON_SERVER), polling_interval=CANCEL_POLL_SECONDS
+            on_cancelling=lambda _: stop.stop(CANCELLED_ON_SERVER),
+            polling_interval=CANCEL_POLL_SECONDS,
         )
         async with cancelling:
             cancelling.add_in_flight_flow_run_id(flow_run_id)
@@ -98,5 +102,6 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
 
     try:
         asyncio.run(observe())
-    except Exception:  # noqa: BLE001 - a server out of reach stops nothing: the run goes on as without a watch
+    # a server out of reach stops nothing: the run goes on as without a watch
+    except Exception:  # noqa: BLE001
         return

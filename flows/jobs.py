@@ -5,30 +5,32 @@ Import-light: ``status`` uses it. See docs/development.md#jobs.
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from config.loader import PATH_KEYS, absolute_path_overrides, cached_settings, refuse_secret_overrides
+from config.loader import (
+    PATH_KEYS,
+    absolute_path_overrides,
+    cached_settings,
+    refuse_secret_overrides,
+)
 from config.settings import Settings
+from flows.job_crtdl import EffectiveCrtdl, crtdl_input, effective_crtdl, no_crtdl_message
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
-from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
+from tasks.core.jsonfile import (
+    settings_file_problem,
+)
 from config.runtime import CLI
 from tasks.core.readable import plain_text
-from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
+from tasks.job.layout import JobPaths, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
-
-CRTDL_NAME = "crtdl.json"
-ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
-MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is a wrong file (or /dev/zero)
 
 
 @dataclass(frozen=True)
@@ -63,10 +65,11 @@ def prepare_job(
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
-    if job_id and not is_job_id(job_id):  # it names the job's directory: ``..`` or a path would leave jobs_dir
+    # it names the job's directory: ``..`` or a path would leave jobs_dir
+    if job_id and not is_job_id(job_id):
         raise JobError(
-            f"{show_text(job_id)} is not a job id (a UUID, as start makes it); give the id of an existing job, or "
-            "none to make a new one"
+            f"{show_text(job_id)} is not a job id (a UUID, as start makes it); give the id of an "
+            "existing job, or none to make a new one"
         )
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
         return existing_job(JobPaths(jobs_dir / job_id), overrides, overrides_source)
@@ -78,18 +81,21 @@ def prepare_job(
         return existing_job(paths, {}, overrides_source)
     if paths.job_file.is_file():
         return existing_job(paths, overrides, overrides_source)
-    if must_exist:  # a job id given to continue: a new job of that id would be another job under its name
+    # a job id given to continue: a new job of that id would be another job under its name
+    if must_exist:
         of = config_path or "the default configuration"
         raise JobError(
-            f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the configuration the job was "
-            "started with, or leave the job id empty for a new job"
+            f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the "
+            "configuration the job was started with, or leave the job id empty for a new job"
         )
     record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
     create_job_files(paths, record, crtdl, effective)
     return Job(paths, record, settings)
 
 
-def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
+def existing_job(
+    paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set"
+) -> Job:
     """Find a job again; ``overrides`` replace its frozen ones ("fix and continue").
 
     Note: they are checked before they are stored, their paths frozen absolute as at ``start``.
@@ -100,9 +106,12 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
     settings = cached_settings(record.config_path, changed, overrides_source)
     refuse_other_steps(record, settings)
     if overrides:
-        changed |= {key: path for key, path in absolute_path_overrides(settings).items() if key in overrides}
+        changed |= {
+            key: path for key, path in absolute_path_overrides(settings).items() if key in overrides
+        }
         settings = cached_settings(record.config_path, changed)
-        with JobLock(paths), changing_record(paths.job_dir) as record:  # never a job another process works on
+        # never a job another process works on
+        with JobLock(paths), changing_record(paths.job_dir) as record:
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)
@@ -123,13 +132,16 @@ def refuse_other_inputs(
     recorded |= {f"overrides.{key}": value for key, value in record.overrides.items()}
     paths = {"config_path", "job_input", *(f"overrides.{key}" for key in PATH_KEYS)}
     differing = [
-        key for key, value in given.items() if value and not same_input(value, recorded.get(key), key in paths)
+        key
+        for key, value in given.items()
+        if value and not same_input(value, recorded.get(key), key in paths)
     ]
     if differing:
         raise JobError(
             f"job {record.job_id}: its flow run's parameters differ from its job.json in "
-            f"{', '.join(plain_text(key) for key in differing)}; a job runs with the inputs it was started with: "
-            f"{CLI} continue {record.job_id} runs it with them, --set KEY=VALUE changes one"
+            f"{', '.join(plain_text(key) for key in differing)}; a job runs with the inputs it "
+            f"was started with: {CLI} continue {record.job_id} runs it with them, --set KEY=VALUE "
+            "changes one"
         )
 
 
@@ -146,10 +158,16 @@ def refuse_unshowable_settings(record: JobRecord) -> None:
     first, shown escaped, so it never reaches a terminal raw.
     """
     overrides = [f"{key}={value}" for key, value in record.overrides.items()]
-    for field, text in [("config_path", record.config_path or ""), *(("overrides", each) for each in overrides)]:
+    for field, text in [
+        ("config_path", record.config_path or ""),
+        *(("overrides", each) for each in overrides),
+    ]:
         if problem := invisible_character_problem(text):
             shown = show_text(text, None)
-            raise JobError(f"job {record.job_id}: {field} {shown} in its job.json {problem}; correct it, or start anew")
+            raise JobError(
+                f"job {record.job_id}: {field} {shown} in its job.json {problem}; correct it, or "
+                "start anew"
+            )
 
 
 def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
@@ -160,9 +178,10 @@ def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
     now = list(settings.pipeline.enabled_steps)
     if record.enabled_steps and now != record.enabled_steps:
         raise JobError(
-            f"job {record.job_id} was started with pipeline.enabled_steps [{', '.join(record.enabled_steps)}], the "
-            f"configuration now says [{', '.join(now)}]; a job runs the steps it started with: put the list back to "
-            "continue it, or start a new job for the new steps"
+            f"job {record.job_id} was started with pipeline.enabled_steps "
+            f"[{', '.join(record.enabled_steps)}], the configuration now says [{', '.join(now)}]; "
+            "a job runs the steps it started with: put the list back to continue it, or start a "
+            "new job for the new steps"
         )
 
 
@@ -175,24 +194,31 @@ def refuse_invisible_url_characters(url: str | None, door: str) -> None:
     if url is not None and (found := invisible_character(url)) is not None:
         kind, code = found
         raise JobError(
-            f"{door} contains the {kind} {code}, which no URL may have: it would not show as what it is in the "
-            "job's record, status and logs; retype the URL without it"
+            f"{door} contains the {kind} {code}, which no URL may have: it would not show as what "
+            "it is in the job's record, status and logs; retype the URL without it"
         )
 
 
-def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | None, resubmit: bool) -> None:
+def refuse_extraction_flags_of_a_followed_url(
+    record: JobRecord, attach: str | None, resubmit: bool
+) -> None:
     """Refuse ``--attach`` and ``--resubmit`` for a job started with a status URL.
 
     Why: such a job follows that extraction: it has no submission to settle, and the extraction
     (maybe another job's) is not its to cancel as a replaced one.
     """
-    if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
+    if (
+        (attach or resubmit)
+        and "extractor" in record.enabled_steps
+        and is_result_url(record.job_input)
+    ):
         flag = "--attach" if attach else "--resubmit"
-        url = shown_url(plain_text(str(record.job_input)))  # a damaged record's host may hold escape sequences
+        # a damaged record's host may hold escape sequences
+        url = shown_url(plain_text(str(record.job_input)))
         raise JobError(
-            f"job {record.job_id} follows the extraction at the status URL it was started with ({url}); {flag} "
-            "applies to a job that submits its CRTDL. Continue it without the flag, or start a new job with the other "
-            "status URL or a CRTDL as its input"
+            f"job {record.job_id} follows the extraction at the status URL it was started with "
+            f"({url}); {flag} applies to a job that submits its CRTDL. Continue it without the "
+            "flag, or start a new job with the other status URL or a CRTDL as its input"
         )
 
 
@@ -202,10 +228,14 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
         try:
             str(path or "").encode("utf-8")
         except UnicodeEncodeError:
-            raise JobError(f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made") from None
+            raise JobError(
+                f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made"
+            ) from None
 
 
-def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
+def check_new_job(
+    config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
+) -> None:
     """Make every check of a new job, writing nothing.
 
     Why: ``start`` refuses a bad input before it starts a Prefect server.
@@ -216,27 +246,25 @@ def check_new_job(config_path: str | None, job_input: str | None, overrides: Map
 
 
 def new_job_plan(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
+    paths: JobPaths,
+    config_path: str | None,
+    job_input: str | None,
+    overrides: dict[str, str],
+    settings: Settings,
 ) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
     """Plan the new job's record and CRTDL, every check made, nothing written yet.
 
     Note: a bad input raises ``JobError``.
     """
-    door = "the job input (INPUT)"
-    if job_input and "://" in job_input:
-        refuse_invisible_url_characters(job_input, door)
-    fix = (
-        "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
-        "that needs them for http_import: download it yourself and import its folder with local_import"
-    )
-    refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)  # stored with the job and as a parameter
-    refuse_undecodable(
-        {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
-    )
+    refuse_unstorable_names(config_path, job_input, settings)
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
-    frozen = {**overrides, **absolute_path_overrides(settings), "jobs_dir": str(paths.job_dir.parent)}
+    frozen = {
+        **overrides,
+        **absolute_path_overrides(settings),
+        "jobs_dir": str(paths.job_dir.parent),
+    }
     steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     if "flattening" in steps and crtdl is None:  # spec rule 3: flattening needs a CRTDL
@@ -247,12 +275,41 @@ def new_job_plan(
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
     effective = effective_crtdl(crtdl, settings) if crtdl is not None else None
     record = JobRecord(
-        job_id=paths.job_id, config_path=config_path, job_input=job_input, overrides=frozen, enabled_steps=steps
+        job_id=paths.job_id,
+        config_path=config_path,
+        job_input=job_input,
+        overrides=frozen,
+        enabled_steps=steps,
     )
     return record, crtdl, effective
 
 
-def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
+def refuse_unstorable_names(
+    config_path: str | None, job_input: str | None, settings: Settings
+) -> None:
+    """Refuse a job input URL with hidden characters or credentials, and undecodable paths."""
+    door = "the job input (INPUT)"
+    if job_input and "://" in job_input:
+        refuse_invisible_url_characters(job_input, door)
+    fix = (
+        "give the URL without them (an extraction's result URL is fetched with "
+        "services.extractor.auth); a file that needs them for http_import: download it yourself "
+        "and import its folder with local_import"
+    )
+    # stored with the job and as a parameter
+    refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)
+    refuse_undecodable(
+        {
+            "the configuration file": config_path,
+            "the job input": job_input,
+            "--dir": settings.services.local_import.dir,
+        }
+    )
+
+
+def create_job_files(
+    paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None
+) -> None:
     """Write the new job's directory, ``job.json`` and CRTDL.
 
     Note: one that cannot be written (a full disk) removes the directory again, so no half-made job
@@ -265,42 +322,25 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
     try:
         with changing_record(paths.job_dir, new=record):
             pass
-        if crtdl is not None and effective is not None:  # recorded as ``crtdl_path`` for every step that needs it
+        # recorded as ``crtdl_path`` for every step that needs it
+        if crtdl is not None and effective is not None:
             target = paths.job_dir / effective.name
             write_file_atomically(target, effective.data)
             warnings = effective.warnings or None
-            record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(crtdl), crtdl_warnings=warnings)
+            record_facts(
+                paths.job_dir,
+                crtdl_path=str(target),
+                crtdl_source=str(crtdl),
+                crtdl_warnings=warnings,
+            )
     except OSError:
         shutil.rmtree(paths.job_dir, ignore_errors=True)
         raise
 
 
-def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
-    """The CRTDL input: the extractor's unless a URL, other import steps' if ``.json``."""
-    if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
-        return Path(job_input)
-    return None
-
-
-def no_crtdl_message(job_input: str | None) -> str:
-    """Say why a flattening job has no CRTDL.
-
-    Note: a given INPUT is named with what it was taken for (``query.crtdl`` is no CRTDL, and being
-    told to give one as INPUT would mislead).
-    """
-    message = (
-        "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
-        "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
-    )
-    if not job_input or "://" in job_input:
-        return message
-    if Path(job_input).is_dir():
-        return f"{message}; INPUT {show_text(job_input, None)} is a directory, taken as the data to import"
-    return f"{message}; INPUT {show_text(job_input, None)} is no CRTDL: a CRTDL file's name ends in .json"
-
-
 NEEDED_INPUT = {
-    "extractor": f"the extractor step needs a CRTDL file (or a complete result URL) as INPUT: {CLI} start CONFIG CRTDL",
+    "extractor": "the extractor step needs a CRTDL file (or a complete result URL) as INPUT: "
+    f"{CLI} start CONFIG CRTDL",
     "http_import": f"http_import needs the URL of an NDJSON file as INPUT: {CLI} start CONFIG URL",
 }
 
@@ -332,7 +372,11 @@ def step_file_problems(settings: Settings) -> list[str]:
     problems = [
         f"{key}: {problem}"
         for key, path, read in (
-            ("services.pseudonymizer.anonymization_config", anonymization, settings.pipeline.has_step("pseudonymizer")),
+            (
+                "services.pseudonymizer.anonymization_config",
+                anonymization,
+                settings.pipeline.has_step("pseudonymizer"),
+            ),
             ("tls.ca_cert_path", settings.tls.ca_cert_path, True),
         )
         # ``~`` as the job reads it: its paths are frozen expanded (``absolute_path_overrides``)
@@ -344,68 +388,6 @@ def step_file_problems(settings: Settings) -> list[str]:
     from tasks.sof.lookup import lookup_problems
 
     return problems + [
-        f"services.flattening.lookup_path: {problem}; fix the lookup file" for problem in lookup_problems(Path(lookup))
+        f"services.flattening.lookup_path: {problem}; fix the lookup file"
+        for problem in lookup_problems(Path(lookup))
     ]
-
-
-@dataclass(frozen=True)
-class EffectiveCrtdl:
-    name: str
-    data: bytes
-    warnings: list[str]
-
-
-def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched by preprocessing rules."""
-    from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
-    from tasks.sof.crtdl_views import with_group_ids
-
-    parsed, data = read_crtdl(source)
-    preprocessing = settings.services.crtdl_preprocessing
-    rules = preprocessing.rules if preprocessing.enabled else []
-    enriched, warnings = parsed, list[str]()
-    if rules:
-        try:
-            enriched, warnings = enrich_crtdl(parsed, rules)
-        except EnrichmentError as exc:
-            raise JobError(f"{source}: {exc}") from exc
-    enriched = with_group_ids(enriched)
-    if settings.pipeline.has_step("flattening"):
-        refuse_unusable_group_names(source, enriched)
-    if enriched is parsed:
-        return EffectiveCrtdl(CRTDL_NAME, data, [])
-    name = ENRICHED_CRTDL_NAME if rules else CRTDL_NAME
-    return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
-
-
-def read_crtdl(source: Path) -> tuple[dict[str, Any], bytes]:
-    if not source.is_file():
-        problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "not found"
-        raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
-    try:
-        data = read_limited(source, MAX_CRTDL_BYTES, f"CRTDL {source}")
-    except JsonFileError as exc:
-        raise JobError(f"{exc}; give the CRTDL JSON file as the job input") from None
-    try:
-        parsed = parse_json_document(data, f"CRTDL {source}")
-    except JsonFileError as exc:
-        raise JobError(f"invalid {exc}; nothing was submitted") from None
-    if not isinstance(parsed, dict):
-        raise JobError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
-    return parsed, data
-
-
-def refuse_unusable_group_names(source: Path, crtdl: dict[str, Any]) -> None:
-    """Refuse group names that cannot be, or would collide as, file names and S3 keys.
-
-    Note: a group name becomes a CSV, a ViewDefinition file name and an S3 key; refused before the
-    job exists.
-    """
-    from tasks.sof.crtdl_views import group_name_problems
-
-    try:
-        problems = group_name_problems(crtdl)
-    except ValueError as exc:
-        raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
-    if problems:
-        raise JobError(f"CRTDL {source}: " + "; ".join(problems))

@@ -26,7 +26,12 @@ from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock, suspended_message
-from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url, refuse_invisible_url_characters
+from flows.jobs import (
+    Job,
+    prepare_job,
+    refuse_extraction_flags_of_a_followed_url,
+    refuse_invisible_url_characters,
+)
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.core.readable import counted
@@ -36,7 +41,15 @@ from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, spl
 from tasks.extractor import cancel_replaced_extraction, extractor
 from tasks.flattening import flattening, shaped_settings as flattening_shape
 from tasks.http_import import http_import, shaped_settings as http_import_shape
-from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, redact_exception, stored_in_job
+from tasks.job.contract import (
+    StepInput,
+    StepKind,
+    StepResult,
+    digest,
+    files_gone,
+    redact_exception,
+    stored_in_job,
+)
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import FAILED, counts_text, read_facts, record_facts
@@ -77,7 +90,8 @@ def flow_run_name() -> str:
     Why: so a deployment run's log never shows the generated name.
     """
     given = runtime.flow_run.parameters.get("job_id")
-    return given if isinstance(given, str) and is_job_id(given) else own_job_id()  # a form's text is no name yet
+    # a form's text is no name yet
+    return given if isinstance(given, str) and is_job_id(given) else own_job_id()
 
 
 def own_job_id() -> str:
@@ -128,9 +142,11 @@ def pipeline(
         try:
             return run_job_steps(job, card, note)
         except BaseException as exc:
-            if (stopped := stop.ended(exc)) is not None:  # a Cancel, a Suspend, an interrupt: no failure
+            # a Cancel, a Suspend, an interrupt: no failure
+            if (stopped := stop.ended(exc)) is not None:
                 return ended_by_a_stop(job, card, stopped)
-            if isinstance(exc, PrefectSignal):  # suspended for inspection: the card shows it already
+            # suspended for inspection: the card shows it already
+            if isinstance(exc, PrefectSignal):
                 raise
             redact_exception(exc)  # Prefect makes the failed state's message of its text
             card.set_state(FAILED, redact(f"{type(exc).__name__}: {exc}"))
@@ -138,13 +154,22 @@ def pipeline(
 
 
 def job_of_the_run(
-    job_id: str | None, config_path: str | None, job_input: str | None, overrides: dict[str, str] | None
+    job_id: str | None,
+    config_path: str | None,
+    job_input: str | None,
+    overrides: dict[str, str] | None,
 ) -> Job:
     """Make or find the job the run's parameters name; an existing one's must match."""
     source = "the flow's overrides parameter"
     given = job_id or own_job_id()
     return prepare_job(
-        given, config_path, job_input, overrides, overrides_source=source, must_exist=bool(job_id), changing=False
+        given,
+        config_path,
+        job_input,
+        overrides,
+        overrides_source=source,
+        must_exist=bool(job_id),
+        changing=False,
     )
 
 
@@ -185,7 +210,9 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
 def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
     """The run's Suspended state from the UI again, saying until when and how to go on."""
     until = suspended.state_details.pause_timeout
-    told: State[Any] = Suspended(pause_expiration_time=until, message=suspended_message(None, until, job_dir))
+    told: State[Any] = Suspended(
+        pause_expiration_time=until, message=suspended_message(None, until, job_dir)
+    )
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(runtime.flow_run.id, told, force=True)
     return told
@@ -210,7 +237,9 @@ def completed_message(settings: Settings, last: StepResult, output_dir: str) -> 
     if last.step != "send":
         return f"outputs in {output_dir}"
     send = settings.services.send
-    where = f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
+    where = (
+        f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
+    )
     sent = counted(last.summary["files_sent"], "file")
     return f"sent {sent} ({send.send_as}) to {where}; the data sent are in {output_dir}"
 
@@ -221,11 +250,14 @@ def checked_attach(attach: str | None) -> None:
     Why: a form takes any text.
     """
     refuse_invisible_url_characters(attach, "attach")
-    refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
+    refuse_credentials_in_url(
+        attach, door="attach", fix="give the status URL without them", tokens=True
+    )
     if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
         raise JobError(
-            f"attach: {shown_url(attach)!r} is not an http(s) status URL; give the URL the extraction server's "
-            "kick-off answered with (its Content-Location), as status and extraction list show it"
+            f"attach: {shown_url(attach)!r} is not an http(s) status URL; give the URL the "
+            "extraction server's kick-off answered with (its Content-Location), as status and "
+            "extraction list show it"
         )
 
 
@@ -235,15 +267,21 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
         return
     if job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
         raise JobError(
-            f"job {job.job_id} has finished its extraction: attach and resubmit apply to a submission in doubt; "
-            "start a new job to extract again"
+            f"job {job.job_id} has finished its extraction: attach and resubmit apply to a "
+            "submission in doubt; start a new job to extract again"
         )
-    refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)  # a deployment's run: no CLI check
+    # a deployment's run: no CLI check
+    refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)
     job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
     replaced = read_facts(job.paths.job_dir).get("extraction_job_id")
-    if replaced and replaced != job_id:  # the job's own extraction, given up for another: not left running
+    # the job's own extraction, given up for another: not left running
+    if replaced and replaced != job_id:
         get_run_logger().warning("%s", cancel_replaced_extraction(job.settings, replaced))
-    facts = {"extraction_status_url": attach or None, "extraction_job_id": job_id, "extraction_submission": None}
+    facts = {
+        "extraction_status_url": attach or None,
+        "extraction_job_id": job_id,
+        "extraction_submission": None,
+    }
     record_facts(job.paths.job_dir, **facts)
 
 
@@ -269,7 +307,8 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         gate = spec.kind is StepKind.GATE
         try:
             result = run_gate(job, step, results, card, note) if gate else run_step(spec.task, step)
-        except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
+        # a suspend for inspection (Pause) or an abort: not a failure of the step
+        except PrefectSignal:
             raise
         except BaseException as exc:
             card.note_failure(results, exc)  # published with the job's ended state

@@ -109,6 +109,6 @@ def refused_login(url: str, status: int) -> ApiUnreachableError:
     """The one line for an API that refuses this command's login (it runs: never stopped for it)."""
     return ApiUnreachableError(
         f"the Prefect API {shown_url(url)} refuses this command's login (HTTP {status}): set "
-        "PREFECT_API_AUTH_STRING to the user:password it was started with "
-        "(its PREFECT_SERVER_API_AUTH_STRING)"
+        "PREFECT_API_AUTH_STRING to the user:password it was started with (its "
+        "PREFECT_SERVER_API_AUTH_STRING)"
     )

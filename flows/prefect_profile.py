@@ -30,7 +30,9 @@ def start_recording(home: Path, api_url: str, environment: Mapping[str, str]) ->
 
     Why: it imports Prefect (1.5 s), which a new server's start, migrating its database, hides.
     """
-    if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
+    if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(
+        home, api_url
+    ):
         return None
     env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
     env |= {"PREFECT_HOME": str(home)}
@@ -70,7 +72,10 @@ def recorded(home: Path, api_url: str) -> bool:
         written = tomllib.loads((home / "profiles.toml").read_text())
     except (OSError, ValueError):  # TOMLDecodeError is a ValueError
         return False
-    return written.get("active") == PROFILE and written.get("profiles", {}).get(PROFILE, {}).get(API_URL) == api_url
+    return (
+        written.get("active") == PROFILE
+        and written.get("profiles", {}).get(PROFILE, {}).get(API_URL) == api_url
+    )
 
 
 def update_profile(api_url: str) -> str | None:
@@ -85,18 +90,24 @@ def update_profile(api_url: str) -> str | None:
 
     profiles = load_profiles()
     kept = profiles[PROFILE].settings if PROFILE in profiles.names else {}
-    analytics = {} if PREFECT_SERVER_ANALYTICS_ENABLED in kept else {PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    analytics = (
+        {}
+        if PREFECT_SERVER_ANALYTICS_ENABLED in kept
+        else {PREFECT_SERVER_ANALYTICS_ENABLED: False}
+    )
     profiles.update_profile(PROFILE, {PREFECT_API_URL: api_url, **analytics})
     active = get_settings_context().profile.name  # PREFECT_PROFILE, else the file's
-    untouched = active == DEFAULT_PROFILE and profiles[DEFAULT_PROFILE].source == DEFAULT_PROFILES_PATH
+    untouched = (
+        active == DEFAULT_PROFILE and profiles[DEFAULT_PROFILE].source == DEFAULT_PROFILES_PATH
+    )
     if switch := untouched and "PREFECT_PROFILE" not in os.environ:
         profiles.set_active(PROFILE)
     save_whole(profiles)
     if switch or active == PROFILE:
         return None
     return (
-        f"`prefect` commands use the Prefect profile {active!r}, not this home's server: "
-        f"`uv run prefect profile use {PROFILE}` points them at it"
+        f"`prefect` commands use the Prefect profile {active!r}, not this home's server: `uv run "
+        f"prefect profile use {PROFILE}` points them at it"
     )
 
 

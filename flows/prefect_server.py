@@ -6,9 +6,7 @@ docs/development.md#the-local-prefect-server.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import importlib.metadata
 import json
 import os
 import secrets
@@ -21,15 +19,19 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
-from flows.prefect_api import REFUSED, TIMEOUT, Answer, ApiUnreachableError, api_answer, refused_login
+from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_login
+from flows.prefect_api_check import require_answer
 from flows.prefect_profile import finish_recording, start_recording
-from flows.server_process import POLL_INTERVAL, process_is_server, process_runs, process_stopped, terminate
+from flows.server_process import (
+    POLL_INTERVAL,
+    process_is_server,
+    process_runs,
+    process_stopped,
+    terminate,
+)
 from tasks.core.errors import DupflowError
-from tasks.core.readable import plain_text
-from tasks.core.url_credentials import shown_url
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
@@ -40,20 +42,23 @@ RUNNER_FILE, RUNNER_LOG = "dupflow-runner.pid", "dupflow-runner.log"
 RUNNER_COMMAND = ("flows.job_runs",)
 RUNNER_POLL_SECONDS = "5"  # a Resume in the UI runs within this and a process's start
 DATABASE_FILE = "prefect.db"
-DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+DATABASE_URL_SETTINGS = (
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+)
 HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's; a home's own port is chosen from PORT_SPREAD ports from it
 PORT_SPREAD = 1000
 PORT_SEARCH = 100  # ports tried from the wanted one upwards
-NONCE_LOGGER = "dupflow.server."  # + the server's nonce: a logger nobody logs to, echoed by /admin/settings
+# + the server's nonce: a logger nobody logs to, echoed by /admin/settings
+NONCE_LOGGER = "dupflow.server."
 PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
-OK = (200, b"true")  # what /health of a Prefect API answers
-SHOWN_ANSWER_CHARS = 80
-STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
-# Off: two services no job needs, which only label runs Late and workers offline in the UI; two malloc arenas for
-# the server's threads instead of glibc's 8 per core.
+# a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
+STARTUP_TIMEOUT = 120.0
+# Off: two services no job needs, which only label runs Late and workers offline in the UI; two
+# malloc arenas for the server's threads instead of glibc's 8 per core.
 SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
@@ -74,7 +79,8 @@ class ServerRecord:
     url: str
     log: str
     started_at: str
-    nonce: str = ""  # a secret of this start, echoed by the server's settings: the server is this home's own
+    # a secret of this start, echoed by the server's settings: the server is this home's own
+    nonce: str = ""
 
 
 def use_server() -> None:
@@ -88,7 +94,8 @@ def use_server() -> None:
     else:
         os.environ["PREFECT_API_URL"] = api_url = ensure_server()
         ensure_runner(prefect_home(), api_url)
-        if (prefect_context := sys.modules.get("prefect.context")) is not None:  # it read the profile's URL at import
+        # it read the profile's URL at import
+        if (prefect_context := sys.modules.get("prefect.context")) is not None:
             prefect_context.refresh_global_settings_context()
         print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
 
@@ -100,7 +107,8 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     """
     if api_url := prefect_api_url():
         return api_url
-    if server_login := os.environ.get("PREFECT_SERVER_API_AUTH_STRING"):  # the login it starts with: this one's too
+    # the login it starts with: this one's too
+    if server_login := os.environ.get("PREFECT_SERVER_API_AUTH_STRING"):
         os.environ.setdefault("PREFECT_API_AUTH_STRING", server_login)
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
@@ -110,52 +118,6 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
                 return record.url
             terminate(record.pid)
         return start_server(home, startup_timeout, previous=record).url
-
-
-def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for credentials."""
-    answer = api_answer(api_url, "/health", TIMEOUT)
-    if answer is not None and answer[0] in REFUSED:
-        return
-    if answer == OK:
-        if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
-            raise ApiUnreachableError(
-                f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set PREFECT_API_URL to a Prefect "
-                f"server's API, or unset it to use the local server ({CLI} server start)"
-            )
-        return
-    path = urlsplit(api_url).path.rstrip("/")
-    api = None if path.endswith("/api") else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
-    if answer is not None and api and api_answer(api, "/health", TIMEOUT) == OK:
-        raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
-            f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not its API: set "
-            f"PREFECT_API_URL={shown_url(api)}"
-        )
-    found = "does not answer" if answer is None else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
-    raise ApiUnreachableError(
-        f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set PREFECT_API_URL "
-        f"to one that runs, or unset it to use the local server ({CLI} server start)"
-    )
-
-
-def version_problem(answer: Answer | None) -> str | None:
-    """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it first, and ends
-    in a traceback on a foreign one, in "incompatible versions" on another major version."""
-    if answer is not None and answer[0] in REFUSED:  # a server elsewhere may want credentials for it
-        return None
-    from packaging.version import Version  # Prefect's own reading of versions
-
-    try:  # /admin/version answers a JSON string, read as Prefect's client reads it
-        found = Version(json.loads(answer[1])) if answer is not None and answer[0] == 200 else None
-    except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
-        found = None
-    if found is None:
-        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS] if answer else ""
-        said = f"HTTP {answer[0]} {body!r}" if answer else "nothing"
-        return f"answers GET /health with true but is no Prefect API (GET /admin/version answered {said})"
-    if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
-        return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
-    return None
 
 
 def ensure_runner(home: Path, api_url: str) -> None:
@@ -169,10 +131,20 @@ def ensure_runner(home: Path, api_url: str) -> None:
         if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
             return
     with exclusive_lock(home / LOCK_FILE), open(home / RUNNER_LOG, "ab") as out:
-        env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS}
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": api_url,
+            "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
+        }
         command = [sys.executable, "-m", *RUNNER_COMMAND]
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=home, env=env, start_new_session=True
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=home,
+            env=env,
+            start_new_session=True,
         )
         write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
 
@@ -228,15 +200,22 @@ def new_database_note(home: Path) -> str | None:
 
     Note: only where it ran before (it kept a port).
     """
-    if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
+    if (
+        database_configured_elsewhere(home)
+        or (home / DATABASE_FILE).exists()
+        or not (home / PORT_FILE).exists()
+    ):
         return None
     return (
-        f"note: the server starts on a new SQLite database ({home / DATABASE_FILE}); this home's server ran on "
-        f"another before, which holds the jobs' runs: set {DATABASE_URL_SETTINGS[1]} as then to use it"
+        f"note: the server starts on a new SQLite database ({home / DATABASE_FILE}); this home's "
+        "server ran on another before, which holds the jobs' runs: set "
+        f"{DATABASE_URL_SETTINGS[1]} as then to use it"
     )
 
 
-def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
+def start_server(
+    home: Path, startup_timeout: float, previous: ServerRecord | None = None
+) -> ServerRecord:
     """Start a server, record it, wait until it is healthy.
 
     Note: again on the next free port if another program or home's server took it first.
@@ -245,7 +224,9 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
     if note := new_database_note(home):
         print(note, file=sys.stderr)
     port = wanted = home_port(home)
-    deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
+    deadline = time.monotonic() + (
+        PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0
+    )
     while next_free_port(wanted) != wanted and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL)
     for _ in range(PORT_ATTEMPTS):
@@ -259,15 +240,19 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
             finish_recording(profile)
         if healthy:
             if local_server_port() is None:
-                write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
+                # kept for the next start
+                write_file_atomically(home / PORT_FILE, f"{port}\n".encode())
             return record
         ended = not runs_recorded_server(record)
         terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         log = Path(record.log).read_text(errors="replace") if Path(record.log).exists() else ""
-        if "already in use" not in log and not is_healthy(record.url):  # the server itself failed, not its port
+        # the server itself failed, not its port
+        if "already in use" not in log and not is_healthy(record.url):
             break
-    failure = "ended during start-up" if ended else f"did not come up within {startup_timeout:.0f} s"
+    failure = (
+        "ended during start-up" if ended else f"did not come up within {startup_timeout:.0f} s"
+    )
     last = f" (its last line: {lines[-1][:200]})" if (lines := log.strip().splitlines()) else ""
     raise ServerStartError(f"the local Prefect server {failure}{last}; see its log {record.log}")
 
@@ -282,16 +267,34 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     log = home / LOG_FILE
     if log.exists():
         log.replace(log.with_name(LOG_FILE + ".1"))
-    moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
+    moved = (
+        ""
+        if port == wanted
+        else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
+    )
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
     env = SERVER_DEFAULTS | server_environment(os.environ)
-    env |= {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env |= {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": url,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     nonce = secrets.token_hex(16)
     loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
     env["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(filter(None, [loggers, NONCE_LOGGER + nonce]))
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "server",
+                "start",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -299,14 +302,36 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
             env=env,
             start_new_session=True,
         )
-    record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"), nonce)
+    record = ServerRecord(
+        process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"), nonce
+    )
     write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode(), private=True)
     return record
 
 
 SERVER_VARIABLES = {
-    *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "NO_COLOR"),
-    *("VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+    *(
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "TERM",
+        "NO_COLOR",
+    ),
+    *(
+        "VIRTUAL_ENV",
+        "LD_LIBRARY_PATH",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+    ),
     *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "DO_NOT_TRACK"),
 }
 SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_", "OPENSSL_")
@@ -338,8 +363,8 @@ def home_port(home: Path) -> int:
         return next_free_port(DEFAULT_PORT + spread)
     if not (value.isdigit() and 0 < int(value) < 65536):
         raise ServerStartError(
-            f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to 65535, or unset it "
-            "for the home's own port"
+            f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to "
+            "65535, or unset it for the home's own port"
         )
     return int(value)
 
@@ -355,7 +380,8 @@ def next_free_port(port: int) -> int:
             probe.bind((HOST, candidate))
             return candidate
     raise ServerStartError(
-        f"ports {port}-{port + PORT_SEARCH - 1} on {HOST} are all taken; set PREFECT_SERVER_API_PORT to a free one"
+        f"ports {port}-{port + PORT_SEARCH - 1} on {HOST} are all taken; set "
+        "PREFECT_SERVER_API_PORT to a free one"
     )
 
 
@@ -373,10 +399,12 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     """
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
-        if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
+        # it holds its port and answers nothing: say so, not wait to the timeout
+        if process_stopped(record.pid):
             raise ServerStartError(
-                f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
-                f"continue it with kill -CONT {record.pid}, or end it with {CLI} server stop"
+                f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and "
+                f"answers nothing: continue it with kill -CONT {record.pid}, or end it with {CLI} "
+                "server stop"
             )
         if not runs_recorded_server(record) or time.monotonic() >= deadline:
             return False
@@ -385,8 +413,9 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof).
-    One that refuses this command's login raises ``ApiUnreachableError``: it runs, and is never stopped for it."""
+    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a
+    port is no proof). One that refuses this command's login raises ``ApiUnreachableError``: it
+    runs, and is never stopped for it."""
     answer = api_answer(record.url, "/admin/settings", TIMEOUT)
     if answer is not None and answer[0] in REFUSED:
         raise refused_login(record.url, answer[0])
@@ -394,12 +423,17 @@ def serves_home(record: ServerRecord, home: Path) -> bool:
 
 
 def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) -> bool:
-    """Whether ``answer``, a server's ``/admin/settings`` (None: no answer), is that of ``home``'s server."""
+    """Whether ``answer``, a server's ``/admin/settings`` (None: no answer), is that of ``home``'s
+    server."""
     status, body = answer or (None, b"")
     try:
         settings = json.loads(body)
         same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
-        return same_home and (NONCE_LOGGER + record.nonce).encode() in body if record.nonce else same_home
+        return (
+            same_home and (NONCE_LOGGER + record.nonce).encode() in body
+            if record.nonce
+            else same_home
+        )
     except (ValueError, KeyError, TypeError):
         return False
 
@@ -420,61 +454,9 @@ def runs_recorded_server(record: ServerRecord) -> bool:
         environment = Path(f"/proc/{record.pid}/environ").read_bytes()
     except FileNotFoundError:
         return True
-    except (ProcessLookupError, PermissionError):  # it ended between the open and the read; another user's process
+    # it ended between the open and the read; another user's process
+    except (ProcessLookupError, PermissionError):
         return False
-    return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
-
-
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
-    server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
-    for name, command, text in (
-        ("start", cmd_server_start, "start the local Prefect server if none runs; print its UI URL"),
-        ("stop", cmd_server_stop, "stop the local Prefect server"),
-        ("status", cmd_server_status, "show the local Prefect server (exit code 1 if none runs)"),
-        ("url", cmd_server_url, "print the API URL for PREFECT_API_URL (this home's server, started if none runs)"),
-    ):
-        server_commands.add_parser(name, help=text).set_defaults(command=command)
-
-
-def cmd_server_start(args: argparse.Namespace) -> int:
-    return print_server("PREFECT_API_URL is set: jobs use {}; no local server started", "Prefect UI: {ui}\nAPI: {api}")
-
-
-def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$(… server url)
-    return print_server("{}", "{api}")
-
-
-def print_server(when_set: str, started: str) -> int:
-    """Print ``when_set`` with PREFECT_API_URL (no user info), else ``started``.
-
-    Note: ``started`` comes with the home's server's URLs.
-    """
-    if api_url := prefect_api_url():
-        print(when_set.format(shown_url(api_url)))
-        return 0
-    try:
-        api_url = ensure_server()
-    except ServerStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    ensure_runner(prefect_home(), api_url)
-    print(started.format(ui=ui_url(api_url), api=api_url))
-    return 0
-
-
-def cmd_server_stop(args: argparse.Namespace) -> int:
-    print("stopped the local Prefect server" if stop_server() else "no local Prefect server was running")
-    return 0
-
-
-def cmd_server_status(args: argparse.Namespace) -> int:
-    if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}, not the local server")
-    if (status := server_status()) is None:
-        print("no local Prefect server is running (the next job starts one)")
-        return 1
-    print(f"Prefect UI: {status['ui_url']}")
-    print(f"API: {status['url']} ({'healthy' if status['healthy'] else 'not answering'})")
-    print(f"pid {status['pid']}, started {status['started_at']}, log {status['log']}")
-    return 0
+    return (
+        not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
+    )

@@ -11,7 +11,8 @@ import logging
 import re
 import sys
 
-if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: none of the imports below
+# the engine alone: none of the imports below
+if __name__ == "__main__" and sys.argv[1:2] == ["view"]:
     from flows.view_cli import main as view_main
 
     sys.exit(view_main(sys.argv[1:]))
@@ -23,11 +24,22 @@ from typing import Any
 from config.errors import ConfigError
 from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
-from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
+from config.loader import (
+    cached_settings,
+    effective_config_rows,
+    load_settings,
+    refuse_secret_overrides,
+)
 from config.yaml_file import names_secret_blocks
-from config.runtime import apply_process_defaults, job_on_command_line, jobs_dir_of, prefect_api_url, CLI
+from config.runtime import (
+    apply_process_defaults,
+    job_on_command_line,
+    jobs_dir_of,
+    prefect_api_url,
+    CLI,
+)
 from config.settings import Settings
-from flows import extraction_cli, housekeeping, prefect_server, view_cli
+from flows import extraction_cli, housekeeping, prefect_server, server_cli, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, run_state
 from flows.job_state import suspended_message
@@ -51,8 +63,8 @@ EXIT_CODES_HELP = f"""first try: {CLI} start   (the embedded sample job)
 a command's own help: {CLI} COMMAND --help
 
 exit codes: 0 done or paused for inspection; 1 job failed (fix the cause, then continue JOB);
-2 usage or configuration error, or no Prefect API (nothing was run); 130 interrupted or cancelled (continue JOB
-resumes)"""
+2 usage or configuration error, or no Prefect API (nothing was run);
+130 interrupted or cancelled (continue JOB resumes)"""
 START_EXAMPLES = f"""examples, by the configuration's first step:
   the embedded sample job (local_import and flattening of bundled data):
     {CLI} start
@@ -70,9 +82,12 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 }
 
 
-FLAGS: dict[str, dict[str, Any]] = {  # the flags several commands take (argparse copies a default list it appends to)
+# the flags several commands take (argparse copies a default list it appends to)
+FLAGS: dict[str, dict[str, Any]] = {
     "--dir": dict(help="import directory (overrides services.local_import.dir)"),
-    "--anonymization-config": dict(help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"),
+    "--anonymization-config": dict(
+        help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
+    ),
     "--set": dict(
         action="append",
         default=[],
@@ -90,34 +105,32 @@ def flag_label(attr: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    apply_process_defaults()  # before anything imports Prefect (its telemetry is decided there) or starts threads
+    # before anything imports Prefect (its telemetry is decided there) or starts threads
+    apply_process_defaults()
     return view_cli.dispatch(build_parser().parse_args(argv))
 
 
 def build_parser() -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog=CLI, description="dupflow: FHIR research data pipeline", epilog=EXIT_CODES_HELP, formatter_class=raw
+        prog=CLI,
+        description="dupflow: FHIR research data pipeline",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=raw,
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    start = commands.add_parser("start", help="start a new job", epilog=START_EXAMPLES, formatter_class=raw)
-    start.add_argument("config", nargs="?", help="configuration YAML (default: the embedded sample job)")
-    start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
+    start = commands.add_parser(
+        "start", help="start a new job", epilog=START_EXAMPLES, formatter_class=raw
+    )
+    start.add_argument(
+        "config", nargs="?", help="configuration YAML (default: the embedded sample job)"
+    )
+    start.add_argument(
+        "input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step"
+    )
     add_flags(start, "--dir", "--anonymization-config", "--set", "--no-progress")
     start.set_defaults(command=cmd_start)
-    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
-    resume.add_argument("job", help="job id or job directory")
-    add_flags(resume, "--jobs-dir", "--no-progress")
-    resume.add_argument("--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"})
-    in_doubt = resume.add_mutually_exclusive_group()
-    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
-    in_doubt.add_argument(
-        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
-    )
-    resume.add_argument(
-        "--note", default="continued from the command line", help="the inspection note (the gate form's answer)"
-    )
-    resume.set_defaults(command=cmd_continue)
+    register_continue(commands)
     status = commands.add_parser("status", help="show a job's steps, files and state")
     status.add_argument("job", help="job id or job directory")
     add_flags(status, "--jobs-dir", "--json")
@@ -127,13 +140,42 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(command=cmd_list)
     config = commands.add_parser("config", help="configuration commands")
     config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
-    check = config_commands.add_parser("check", help="validate a configuration and show every effective value")
+    check = config_commands.add_parser(
+        "check", help="validate a configuration and show every effective value"
+    )
     check.add_argument("config", help="configuration YAML")
     add_flags(check, "--dir", "--anonymization-config", "--set")
     check.set_defaults(command=cmd_config_check)
-    for module in (extraction_cli, view_cli, prefect_server, housekeeping):
+    for module in (extraction_cli, view_cli, server_cli, housekeeping):
         module.register(commands)
     return parser
+
+
+def register_continue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``continue``: resume a job, follow or resubmit an extraction in doubt, note a gate."""
+    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
+    resume.add_argument("job", help="job id or job directory")
+    add_flags(resume, "--jobs-dir", "--no-progress")
+    resume.add_argument(
+        "--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"}
+    )
+    in_doubt = resume.add_mutually_exclusive_group()
+    in_doubt.add_argument(
+        "--attach",
+        metavar="STATUS_URL",
+        help="follow this extraction (after a submission in doubt)",
+    )
+    in_doubt.add_argument(
+        "--resubmit",
+        action="store_true",
+        help="submit the extraction anew (after a submission in doubt)",
+    )
+    resume.add_argument(
+        "--note",
+        default="continued from the command line",
+        help="the inspection note (the gate form's answer)",
+    )
+    resume.set_defaults(command=cmd_continue)
 
 
 def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
@@ -150,7 +192,9 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not (key := key.strip()):
-            raise UsageError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3")
+            raise UsageError(
+                f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3"
+            )
         overrides[key], labels[key] = value, f"--set {key}"
     refuse_secret_overrides(overrides, "--set")
     for attr, (key, _) in FLAG_KEYS.items():
@@ -168,8 +212,8 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
     for attr, (key, step) in FLAG_KEYS.items():
         if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
             raise UsageError(
-                f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is what reads it; add "
-                f"{step} to pipeline.enabled_steps, or leave {label} out"
+                f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is "
+                f"what reads it; add {step} to pipeline.enabled_steps, or leave {label} out"
             )
 
 
@@ -177,7 +221,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    # Its warnings are printed below the table, not logged (Python's last-resort handler prints each bare)
+    # Its warnings are printed below the table, not logged (Python's last-resort handler prints each
+    # bare)
     config_logger = logging.getLogger(CONFIG_LOGGER)
     config_logger.disabled = True
     try:
@@ -210,7 +255,8 @@ def cmd_start(args: argparse.Namespace) -> int:
         load_settings(config_path, overrides=overrides, override_labels=labels)
         raise
     refuse_flags_no_step_reads(settings, labels)
-    check_new_job(config_path, job_input, overrides)  # a bad input is refused before a server is started for it
+    # a bad input is refused before a server is started for it
+    check_new_job(config_path, job_input, overrides)
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
@@ -229,16 +275,29 @@ def cmd_continue(args: argparse.Namespace) -> int:
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         job = read_record(paths.job_dir)
-        refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
+        # before a flow run exists
+        refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)
         prefect_server.use_server()  # the job's state is its flow run's there
         run = newest_run(paths)
         state = run_state(run) or UNKNOWN
         if run and run.get("work_pool_name") and state in SCHEDULED_NAMES:
-            raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server: a worker takes it up")
+            raise UsageError(
+                f"job {job.job_id}: its deployment run is {state} on the server: a worker takes "
+                "it up"
+            )
         if state == COMPLETED and not overrides:
-            print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
+            print(
+                f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})"
+            )
             return EXIT_OK
-        prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
+        prepare_job(
+            job.job_id,
+            None,
+            None,
+            overrides,
+            overrides_source="--set",
+            jobs_dir=paths.job_dir.parent,
+        )
         print(f"job {job.job_id}: continuing in {paths.job_dir}")
         continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
         return run_job(paths, args.no_progress, continuing)
@@ -250,7 +309,9 @@ def job_parameters(job: JobRecord, paths: JobPaths) -> dict[str, Any]:
     Note: its jobs_dir is where this command found it.
     """
     overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}
-    return dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
+    return dict(
+        job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides
+    )
 
 
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
@@ -267,7 +328,10 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         with job_logging(paths.log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing)
     except KeyboardInterrupt:
-        print(f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}", file=sys.stderr)
+        print(
+            f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     return report_outcome(paths, state)
 
@@ -304,8 +368,8 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
     job_ref = job_on_command_line(paths.job_dir)
     if state is None:
         print(
-            f"job {paths.job_id} stopped: its flow run was deleted on the Prefect server; the job folder is kept, "
-            f"and {CLI} continue {job_ref} makes a new run from it",
+            f"job {paths.job_id} stopped: its flow run was deleted on the Prefect server; the job "
+            f"folder is kept, and {CLI} continue {job_ref} makes a new run from it",
             file=sys.stderr,
         )
         return EXIT_FAILED
@@ -325,7 +389,10 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
     print(f"full log: {paths.log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: {CLI} continue {job_ref}", file=sys.stderr)
     if key := setting_named_in(cause):
-        print(f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE", file=sys.stderr)
+        print(
+            f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE",
+            file=sys.stderr,
+        )
     return EXIT_FAILED
 
 
@@ -335,7 +402,9 @@ def failure_text(state: Any) -> str:
         exc = state.result(raise_on_failure=False)
     except Exception:  # noqa: BLE001 - a result that cannot be read leaves the message
         exc = None
-    return redact(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else state.message or "")
+    return redact(
+        f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else state.message or ""
+    )
 
 
 def setting_named_in(message: str) -> str | None:
@@ -347,7 +416,8 @@ def setting_named_in(message: str) -> str | None:
     named = [
         (found.start(), key)
         for key in leaf_paths()
-        if key not in secret and (found := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message))
+        if key not in secret
+        and (found := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message))
     ]
     return min(named)[1] if named else None
 

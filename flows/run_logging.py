@@ -21,17 +21,24 @@ from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
 from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
-DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
+# their INFO (a cluster's life) goes to the job log only
+DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")
 PREFECT_SERVICES = ("EventsWorker", "APILogWorker")
 SERVICE_DRAINING = "Still processing items"  # a service handing over its queue as the run ends
-# Prefect's event client and its services' threads ("Service 'EventsWorker' failed to process item Event(…)", the
-# whole event on one line): a lost server is told by the API watch in two lines.
+# Prefect's event client and its services' threads ("Service 'EventsWorker' failed to process item
+# Event(…)", the whole event on one line): a lost server is told by the API watch in two lines.
 EVENT_CLIENT_NOISE = ("prefect.events.clients", "prefect._internal.concurrency")
-# The stop is said once, by the command's last line; Prefect's observers of a run's controls lose a gone server as the
-# API watch does, which says so in two lines.
-JOB_LOG_ONLY = (*EVENT_CLIENT_NOISE, "dupflow.stop", "prefect.FlowRunCancellingObserver", "prefect.FlowRunSuspending")
+# The stop is said once, by the command's last line; Prefect's observers of a run's controls lose a
+# gone server as the API watch does, which says so in two lines.
+JOB_LOG_ONLY = (
+    *EVENT_CLIENT_NOISE,
+    "dupflow.stop",
+    "prefect.FlowRunCancellingObserver",
+    "prefect.FlowRunSuspending",
+)
 HAND_OVER_SECONDS = 10
-# distributed.nanny's WARNING when a worker takes over 4 s to end as the cluster closes: it is killed, the work done.
+# distributed.nanny's WARNING when a worker takes over 4 s to end as the cluster closes: it is
+# killed, the work done.
 CLUSTER_TEARDOWN = "Worker process still alive after"
 
 
@@ -71,8 +78,13 @@ def keep_one_trace_per_failure() -> None:
     redact_records_sent_to_prefect()
 
 
-FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed", "Finished in state Cancelled")
-SIGNAL_CRASHES = (  # Prefect's words when Ctrl+C or its own SIGTERM handler ended a run: the interruption itself
+FAILED_FINISHES = (
+    "Finished in state Failed",
+    "Finished in state Crashed",
+    "Finished in state Cancelled",
+)
+# Prefect's words when Ctrl+C or its own SIGTERM handler ended a run: the interruption itself
+SIGNAL_CRASHES = (
     "Crash detected! Execution was aborted by an interrupt signal.",
     "Crash detected! Execution was aborted by a termination signal.",
 )
@@ -92,7 +104,8 @@ def take_interrupts() -> None:
     signal.signal(signal.SIGTERM, interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt)
-    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # a closed terminal or SSH session; nohup ignores it
+    # a closed terminal or SSH session; nohup ignores it
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
         signal.signal(signal.SIGHUP, interrupt)
 
 
@@ -174,9 +187,14 @@ def job_logging(log_file: Path) -> Iterator[None]:
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
     file_handler.addFilter(redacting)
     apply_process_defaults()
-    import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
+    # configures Prefect's logging, once per process; patched below
+    import prefect.main  # noqa: F401
 
-    attached = [("prefect", file_handler), ("dupflow", file_handler), ("distributed", _HandTo(file_handler))]
+    attached = [
+        ("prefect", file_handler),
+        ("dupflow", file_handler),
+        ("distributed", _HandTo(file_handler)),
+    ]
     for name, handler in attached:
         logging.getLogger(name).addHandler(handler)
     patched = [(handler, handler.formatter) for handler in stream_handlers()]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 STOP_GRACE = 10.0
 CMDLINE_READS = 5  # an exiting process's stays empty
-POLL_INTERVAL = 0.05  # a start or stop waits for the server by this much at most; a refused connection costs ~0.1 ms
+# a start or stop waits for the server by this much at most; a refused connection costs ~0.1 ms
+POLL_INTERVAL = 0.05
 
 
 def process_is_server(pid: int) -> bool:
@@ -26,14 +27,16 @@ def process_runs(pid: int, words: tuple[str, ...]) -> bool:
     if not process_exists(pid):
         return False
     try:
-        for _ in range(CMDLINE_READS):  # a live process's command line was seen to read empty now and then
+        # a live process's command line was seen to read empty now and then
+        for _ in range(CMDLINE_READS):
             if (arguments := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) != [b""]:
                 break
             time.sleep(0.01)
     except ProcessLookupError:  # it ended between the open and the read of its command line
         return False
     except FileNotFoundError:
-        return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
+        # no /proc (macOS): the pid check above is all there is
+        return not Path("/proc/self").exists()
     return all(word.encode() in arguments for word in words)
 
 

@@ -15,10 +15,27 @@ from flows import extraction_cli, prefect_server
 from flows.job_state import current_states, find_job_dir, finished_steps, list_jobs, newest_run
 from flows.job_state import SCHEDULED_NAMES, run_state, step_at_work, suspended_message
 from tasks.core.names import show_text
-from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
+from tasks.core.readable import (
+    CAUSE_CHARS,
+    counted,
+    duration_text,
+    plain_lines,
+    plain_text,
+    size_text,
+    truncate,
+)
 from tasks.core.redaction import redact, redact_strings
 from tasks.job.layout import JobPaths
-from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, UNKNOWN, JobRecord, StepRecord
+from tasks.job.record import (
+    CANCELLED,
+    CRASHED,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    UNKNOWN,
+    JobRecord,
+    StepRecord,
+)
 from tasks.job.record import counts_text
 from tasks.job.record import RecordError, read_record
 
@@ -35,23 +52,37 @@ def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> st
     server = (run or {}).get("state") or {}
     said = plain_text(str(server.get("message") or ""))
     if run is None:
-        where = "this Prefect server has no flow run of the job (a new server or database, another home's)"
+        where = (
+            "this Prefect server has no flow run of the job (a new server or database, another "
+            "home's)"
+        )
         return f"{where}; {go_on} makes one that skips every finished step"
     if state == SUSPENDED:
         details = server.get("state_details") or {}
         try:
-            expires = datetime.fromisoformat(str(details["pause_timeout"])) if details.get("pause_timeout") else None
+            expires = (
+                datetime.fromisoformat(str(details["pause_timeout"]))
+                if details.get("pause_timeout")
+                else None
+            )
         except ValueError:
             expires = None
         return suspended_message(details.get("pause_key"), expires, paths.job_dir)
     if state in SCHEDULED_NAMES:  # resumed or retried in the UI: for a runner or worker
-        return f"its flow run is {state}: the runner or worker of its deployment takes it up (or: {go_on})"
-    return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
+        return (
+            f"its flow run is {state}: the runner or worker of its deployment takes it up (or: "
+            f"{go_on})"
+        )
+    return (
+        "; ".join(filter(None, [said, f"{go_on} resumes it"]))
+        if state in (CANCELLED, CRASHED, FAILED)
+        else said
+    )
 
 
 StepState = tuple[int, str, StepRecord | str | None, str | None]
-"""A step as ``status`` shows it: position (from 0), name, result (done or awaiting; why its record is not taken),
-progress."""
+"""A step as ``status`` shows it: position (from 0), name, result (done or awaiting; why its record
+is not taken), progress."""
 
 
 class JobStatus(NamedTuple):
@@ -92,7 +123,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
     shown_run = f" (flow run {plain_text(str(run.get('id')))})" if run else ""
-    print(f"  state:     {state}{shown_run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
+    print(
+        f"  state:     {state}{shown_run}"
+        + (f" — {truncate(message, CAUSE_CHARS)}" if message else "")
+    )
     updated = f"   updated: {plain_text(str(run.get('updated')))}" if run else ""
     print(f"  created:   {job.created_at}{updated}")
     shown_input = plain_text(redact(job.job_input or "-"))  # a deployment's input comes from a form
@@ -105,24 +139,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def print_step_status(position: int, step: str, result: StepRecord | str | None, at_work: str | None) -> None:
+def print_step_status(
+    position: int, step: str, result: StepRecord | str | None, at_work: str | None
+) -> None:
     """Print a step's line: done with its files, awaiting, at work, or not finished.
 
     Note: at work with its progress; not finished with why, where its record is not taken.
     """
     if isinstance(result, str):
-        print(f"  {position + 1}. {step}: not finished: {plain_text(result)}; continue does it again")
+        print(
+            f"  {position + 1}. {step}: not finished: {plain_text(result)}; continue does it again"
+        )
         return
     if result is None:
-        print(f"  {position + 1}. {step}: " + (f"working: {at_work}" if at_work else "not finished"))
+        print(
+            f"  {position + 1}. {step}: " + (f"working: {at_work}" if at_work else "not finished")
+        )
         return
     files, total = result.files, size_text(sum(f.size for f in result.files))
     folder = show_text(result.folder, None)  # a damaged record's folder or file name shows escaped
     if result.awaiting:
-        print(f"  {position + 1}. {step}: awaiting inspection: {counted(len(files), 'file')}, {total} in {folder}")
+        print(
+            f"  {position + 1}. {step}: awaiting inspection: {counted(len(files), 'file')}, "
+            f"{total} in {folder}"
+        )
         return
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
-    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}")
+    print(
+        f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}"
+    )
     for line in plain_lines(redact_strings(result.summary), "       "):
         print(line)
     for f in files:

@@ -28,7 +28,8 @@ from tasks.sof.resources import csv_parts, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
-MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the wrong file (or /dev/zero)
+# a ViewDefinition is a few KB; more is the wrong file (or /dev/zero)
+MAX_VIEW_BYTES = 16 * 1024 * 1024
 
 
 def main(argv: Sequence[str]) -> int:
@@ -46,10 +47,12 @@ def dispatch(args: argparse.Namespace) -> int:
     except DupflowError as exc:
         print(f"error: {plain_multiline(str(exc))}", file=sys.stderr)  # it may quote a job.json
         return EXIT_USAGE
-    except BrokenPipeError:  # the reader went away (``list | head``): stop quietly, and keep Python from complaining
+    # the reader went away (``list | head``): stop quietly, and keep Python from complaining
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except KeyboardInterrupt:  # outside a job's run or before a row was read (waiting for a server, a listing)
+    # outside a job's run or before a row was read (waiting for a server, a listing)
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
@@ -57,17 +60,26 @@ def dispatch(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     view = commands.add_parser("view", help="SQL-on-FHIR ViewDefinition commands")
     view_commands = view.add_subparsers(required=True, metavar="SUBCOMMAND")
-    run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
+    run = view_commands.add_parser(
+        "run", help="run a ViewDefinition over NDJSON resources and print the rows"
+    )
     run.add_argument("view", metavar="VIEW.json", help="the ViewDefinition (JSON)")
-    run.add_argument("resources", metavar="RESOURCES.ndjson", help="resources, plain or zstd NDJSON")
+    run.add_argument(
+        "resources", metavar="RESOURCES.ndjson", help="resources, plain or zstd NDJSON"
+    )
     formats = "output format (default ndjson; parquet goes to a file or pipe: > rows.parquet)"
-    run.add_argument("--format", choices=("ndjson", "csv", "parquet"), default="ndjson", help=formats)
+    run.add_argument(
+        "--format", choices=("ndjson", "csv", "parquet"), default="ndjson", help=formats
+    )
     run.set_defaults(command=cmd_view_run)
 
 
 def cmd_view_run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and sys.stdout.isatty():
-        print("view run: Parquet is binary; send it to a file (> rows.parquet) or a pipe", file=sys.stderr)
+        print(
+            "view run: Parquet is binary; send it to a file (> rows.parquet) or a pipe",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         definition = read_json_file(Path(args.view), MAX_VIEW_BYTES, args.view)
@@ -86,8 +98,11 @@ def cmd_view_run(args: argparse.Namespace) -> int:
             write_csv(view, resources, sys.stdout)
         else:
             for row in view_rows(view, resources):
-                sys.stdout.write(json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n")
-    except BrokenPipeError:  # the reader went away (``view run … | head``): ``dispatch`` stops quietly
+                sys.stdout.write(
+                    json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n"
+                )
+    # the reader went away (``view run … | head``): ``dispatch`` stops quietly
+    except BrokenPipeError:
         raise
     except (OSError, NdjsonError, ResourceLineError, ViewError) as exc:
         sys.stdout.flush()
@@ -95,7 +110,9 @@ def cmd_view_run(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stdout.flush()  # rows are written whole, so the output ends after the last complete one
-        written = "no Parquet was written" if args.format == "parquet" else "the rows above are complete"
+        written = (
+            "no Parquet was written" if args.format == "parquet" else "the rows above are complete"
+        )
         print(f"view run interrupted (Ctrl+C); {written}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_OK
@@ -120,7 +137,8 @@ def write_csv(view: CompiledView, resources: Path, out: IO[str]) -> None:
 
 
 def print_parquet(view: CompiledView, definition: dict[str, Any], resources: Path) -> None:
-    from tasks.sof.parquet import write_parquet  # pyarrow costs every other command 0.1-0.3 s and 33 MB
+    # pyarrow costs every other command 0.1-0.3 s and 33 MB
+    from tasks.sof.parquet import write_parquet
 
     with tempfile.TemporaryDirectory(prefix="dupflow-view-") as folder:
         csv_path, parquet_path = Path(folder) / "rows.csv", Path(folder) / "rows.parquet"

@@ -4,8 +4,6 @@ The steps' part of the exception tree (the root's: ``tasks.core.errors``)::
 
     DupflowError
     └── StepError
-        ├── SubmissionInDoubtError    extractor: a kick-off whose answer was lost
         ├── LocalImportError          local_import
-        ├── HttpImportError           http_import
         └── PseudonymizerStepError    pseudonymizer
 """

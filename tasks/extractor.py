@@ -21,7 +21,11 @@ from config.runtime import CLI, job_on_command_line
 from tasks.clients.downloads import target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
-from tasks.clients.extraction_jobs import ExtractionTaskClient, JobNotFoundError, TransitionRefusedError
+from tasks.clients.extraction_jobs import (
+    ExtractionTaskClient,
+    JobNotFoundError,
+    TransitionRefusedError,
+)
 from tasks.clients.extraction_server import SUBMIT_PATH, ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
@@ -34,16 +38,9 @@ from tasks.core.readable import counted
 from tasks.core.names import show_text
 from tasks.job.record import now_iso, read_facts, record_facts
 
-# Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
-# without crowding the server (its own batch concurrency default is 4 as well).
+# Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link
+# busy without crowding the server (its own batch concurrency default is 4 as well).
 DOWNLOAD_CONCURRENCY = 4
-
-
-class SubmissionInDoubtError(StepError):
-    """A submission was sent but no answer recorded: resubmitting could duplicate it.
-
-    Note: a second extraction could be created.
-    """
 
 
 @step_task("extractor")
@@ -58,17 +55,22 @@ def extractor(step: StepInput) -> StepResult:
     with ExtractionServerClient(config, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
-    names = target_names(urls, compress=settings.compression.enabled, max_files=config.max_result_files)
+    names = target_names(
+        urls, compress=settings.compression.enabled, max_files=config.max_result_files
+    )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
     with download_client(step, needs_token):
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    files = sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))  # core first in the record
+    # core first in the record
+    files = sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 
 @file_task("download-result-file", "download[{name}]")
-def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
+def download_result_file(
+    step: StepInput, url: str, name: str, needs_token: bool = False
+) -> DataFile:
     """Download one result file.
 
     Note: ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins).
@@ -78,9 +80,13 @@ def download_result_file(step: StepInput, url: str, name: str, needs_token: bool
     with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
-        wait_until_available(client.http, url, checks=config.file_ready_retries, interval=config.file_ready_interval)
+        wait_until_available(
+            client.http, url, checks=config.file_ready_retries, interval=config.file_ready_interval
+        )
         raise_if_cancelled()  # an interrupted run starts no new file
-        stats = download_tracked(client.http, url, step.output_dir / name, settings, config.download_stall_timeout)
+        stats = download_tracked(
+            client.http, url, step.output_dir / name, settings, config.download_stall_timeout
+        )
     return DataFile.written(name, stats)
 
 
@@ -129,12 +135,13 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
         return handle
     facts = read_facts(step.job_path)
     if facts.get("extraction_status_url"):
-        # Through the door every status URL takes: a damaged record's job id is never logged or followed.
+        # Through the door every status URL takes: a damaged record's job id is never logged or
+        # followed.
         handle = ExtractionHandle.from_status_url(str(facts["extraction_status_url"]))
         get_run_logger().info("re-attaching to extraction job %s", handle.job_id)
         return handle
     if (in_flight := facts.get("extraction_submission")) is not None:
-        raise SubmissionInDoubtError(submission_in_doubt_message(step, in_flight))
+        raise StepError(submission_in_doubt_message(step, in_flight))
     return submit(step, client, generation=int(facts.get("extraction_generation", 0)))
 
 
@@ -147,9 +154,14 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     hide a job (a proxy's 502/503/504 while the server took it).
     """
     if (crtdl_path := step.crtdl_path) is None:
-        raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
-    crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
-    record_facts(step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()})
+        raise ExtractionError(
+            "the extractor step needs a CRTDL file (or a complete result URL) as the job input"
+        )
+    # read before the attempt is recorded: an unreadable file sends nothing
+    crtdl = crtdl_path.read_bytes()
+    record_facts(
+        step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()}
+    )
     try:
         handle = client.submit(crtdl)
     except ServiceError as exc:
@@ -157,9 +169,11 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
             record_facts(step.job_path, extraction_submission=None)
             raise
         in_flight = read_facts(step.job_path).get("extraction_submission") or {}
-        raise SubmissionInDoubtError(f"{exc}; {submission_in_doubt_message(step, in_flight)}") from exc
+        raise StepError(f"{exc}; {submission_in_doubt_message(step, in_flight)}") from exc
     record_handle(step, handle, generation)
-    get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
+    get_run_logger().info(
+        "extraction submitted: job %s, status %s", handle.job_id, handle.status_url
+    )
     return handle
 
 
@@ -192,13 +206,18 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
 
 
 def submission_in_doubt_message(step: StepInput, in_flight: dict[str, Any]) -> str:
-    job, config = job_on_command_line(step.job_path), shlex.quote(step.config_path) if step.config_path else "CONFIG"
+    job, config = (
+        job_on_command_line(step.job_path),
+        shlex.quote(step.config_path) if step.config_path else "CONFIG",
+    )
     return (
-        f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its job was recorded "
-        "(the run ended, or the server answered with a 5xx or not at all), so the server may or may not have that "
-        f"job; submitting again could start a second extraction. Look for it with: {CLI} extraction list {config} "
-        "--status PENDING,RUNNING_GET_COHORT,RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow "
-        f"it: {CLI} continue {job} --attach <status URL>, or submit anew: {CLI} continue {job} --resubmit"
+        f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its "
+        "job was recorded (the run ended, or the server answered with a 5xx or not at all), so "
+        "the server may or may not have that job; submitting again could start a second "
+        f"extraction. Look for it with: {CLI} extraction list {config} --status "
+        "PENDING,RUNNING_GET_COHORT,RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then "
+        f"either follow it: {CLI} continue {job} --attach <status URL>, or submit anew: {CLI} "
+        f"continue {job} --resubmit"
     )
 
 
@@ -210,19 +229,25 @@ def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
     """
     shown = show_text(job_id)
     try:
-        with ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry) as client:
+        with ExtractionTaskClient(
+            settings.services.extractor, settings.tls, settings.retry
+        ) as client:
             result = client.control(job_id, "cancel")
     except TransitionRefusedError as exc:
-        return f"the replaced extraction job {shown} had already ended ({show_text(exc.job_status)}); nothing to cancel"
+        return (
+            f"the replaced extraction job {shown} had already ended "
+            f"({show_text(exc.job_status)}); nothing to cancel"
+        )
     except JobNotFoundError:
         return (
-            f"the extraction server answered 404 for the replaced extraction job {shown}: it is gone, or the server "
-            "has no Task API to cancel it through (then it may still run there)"
+            f"the extraction server answered 404 for the replaced extraction job {shown}: it is "
+            "gone, or the server has no Task API to cancel it through (then it may still run "
+            "there)"
         )
     except (ServiceError, ExtractionError) as exc:
         return (
-            f"the replaced extraction job {shown} could not be cancelled ({exc}); it may still run on the server: "
-            f"cancel it with: {CLI} extraction cancel CONFIG {shown}"
+            f"the replaced extraction job {shown} could not be cancelled ({exc}); it may still "
+            f"run on the server: cancel it with: {CLI} extraction cancel CONFIG {shown}"
         )
     if result.changed:
         return f"cancelled extraction job {shown}, which this job no longer follows"
@@ -246,14 +271,19 @@ def wait_for_result(
             urls = client.poll_until_complete(handle, reporter)
         except DeadHandleError as exc:
             if is_result_url(step.job_input):
-                raise ExtractionError(f"{exc}; the result URL given as the job input is no longer valid") from exc
+                raise ExtractionError(
+                    f"{exc}; the result URL given as the job input is no longer valid"
+                ) from exc
             if fresh_submissions >= attempts:
                 raise ExtractionError(
-                    f"{exc}; the server lost the job again after {fresh_submissions} fresh submission(s) "
-                    f"(retry.max_attempts = {attempts}); check the extraction server's job store and logs"
+                    f"{exc}; the server lost the job again after {fresh_submissions} fresh "
+                    f"submission(s) (retry.max_attempts = {attempts}); check the extraction "
+                    "server's job store and logs"
                 ) from exc
             fresh_submissions += 1
-            logger.warning("%s; submitting the extraction again (%d of %d)", exc, fresh_submissions, attempts)
+            logger.warning(
+                "%s; submitting the extraction again (%d of %d)", exc, fresh_submissions, attempts
+            )
             generation = int(read_facts(step.job_path).get("extraction_generation", 0)) + 1
             record_facts(step.job_path, extraction_status_url=None, extraction_job_id=None)
             handle = submit(step, client, generation)
@@ -266,7 +296,9 @@ class ProgressReporter:
     """Polling progress in the log (when it changes) and as a progress artifact."""
 
     def __init__(self, step: StepInput):
-        self._artifact = ProgressArtifact(step_artifact_key(step.job_id, step.position, step.step, "progress"))
+        self._artifact = ProgressArtifact(
+            step_artifact_key(step.job_id, step.position, step.step, "progress")
+        )
         self._last_text: str | None = None
         self._percent = 0.0
 

@@ -19,7 +19,12 @@ from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
-from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome, engine_errors_as_step_errors, new_outcome
+from tasks.job.flattening_outcome import (
+    FlatteningError,
+    FlattenOutcome,
+    engine_errors_as_step_errors,
+    new_outcome,
+)
 from tasks.job.flattening_outcome import refuse_empty_result, report
 from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
@@ -35,15 +40,25 @@ from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import close_synced, write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, WHOLE_FILE, iter_lines
-from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
+from tasks.streams.processes import (
+    ProcessCalls,
+    SharedCount,
+    never_cancelled,
+    pool_size,
+    run_in_process,
+    worker_pool,
+)
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
-Counted = Literal["unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"]
+Counted = Literal[
+    "unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"
+]
 COUNTED: tuple[Counted, ...] = get_args(Counted)
-"""The per-type counters of ``RouteCounts`` (and so ``FlattenOutcome``), in ``FileParts`` as dicts."""
+"""The per-type counters of ``RouteCounts`` (and so ``FlattenOutcome``), in ``FileParts`` as
+dicts."""
 
 
 @step_task("flattening")
@@ -51,13 +66,18 @@ def flattening(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = settings.services.flattening
     if step.crtdl_path is None:
-        raise FlatteningError("the flattening step needs the job's CRTDL (give it as INPUT when starting the job)")
+        raise FlatteningError(
+            "the flattening step needs the job's CRTDL (give it as INPUT when starting the job)"
+        )
     if not config.lookup_path:
-        raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
+        raise FlatteningError(
+            "services.flattening.lookup_path is not set (the lookup file flattening needs)"
+        )
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
     save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    for path in step.output_dir.glob("*"):  # an earlier attempt's files, but the finished pieces' parts
+    # an earlier attempt's files, but the finished pieces' parts
+    for path in step.output_dir.glob("*"):
         if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
             path.unlink()
     if config.service_url:
@@ -67,7 +87,9 @@ def flattening(step: StepInput) -> StepResult:
             service = Flattener(client)
             service.check()
             paths, budget = list(step.input_paths()), config.batch_size_mb * MB
-            outcome = flatten_with_service(paths, step.output_dir, plan.views, plan.skipped, max_line, service, budget)
+            outcome = flatten_with_service(
+                paths, step.output_dir, plan.views, plan.skipped, max_line, service, budget
+            )
     else:
         outcome = flatten_step_files(step, plan, max_line)
     if "parquet" in config.formats:
@@ -106,24 +128,35 @@ def flatten_batch(
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
     parts_dir = step.output_dir / PARTS_FOLDER
     only = [piece for piece, _ in pieces]
-    planned = pieces_plan(step.input_dir, only, parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line)
+    planned = pieces_plan(
+        step.input_dir, only, parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line
+    )
     lines = [piece.span.lines or whole for piece, whole in pieces]
     total = sum(n for n in lines if n is not None) if None not in lines else None
-    parts = flatten_one(planned, label, total, in_worker_process=in_worker_process, files=len(pieces))
+    parts = flatten_one(
+        planned, label, total, in_worker_process=in_worker_process, files=len(pieces)
+    )
     files = [
-        DataFile(name=f"{PARTS_FOLDER}/{parts['folder']}/{group.csv_name}", size=size, resources=rows)
+        DataFile(
+            name=f"{PARTS_FOLDER}/{parts['folder']}/{group.csv_name}", size=size, resources=rows
+        )
         for group, rows, size in zip(plan.groups, parts["rows"], parts["bytes"], strict=True)
         if rows
     ]
     return BatchResult(parts=parts, files=files)
 
 
-def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
+def flatten_one(
+    plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1
+) -> FileParts:
     """Return the parts of a plan's pieces, in a worker process or in this one.
 
     Note: the pieces are ``files`` of the step's input.
     """
-    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
+    with (
+        engine_errors_as_step_errors(),
+        track(f"flatten {label}", total, "lines", files=files) as progress,
+    ):
         if in_worker_process:
             return flatten_in_worker(plan, progress)
         return flatten_file(plan, raise_if_cancelled, progress.advance)
@@ -146,7 +179,9 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
         shown = now
 
     try:
-        result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
+        result = run_in_process(
+            flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow
+        )
     finally:
         done.remove()
     progress.advance(result["lines"] - shown)
@@ -167,14 +202,18 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
     """
     csv_files = list(outcome.files)
     view_of = {view.group.csv_name: view.view for view in views}
-    parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
+    parquet_paths = [
+        out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files
+    ]
     with worker_pool(size=1), engine_errors_as_step_errors():
         calls = ProcessCalls(parquet_file)
         for csv_file, parquet_path in zip(csv_files, parquet_paths, strict=True):
             calls.start(out_dir / csv_file.name, view_of[csv_file.name], parquet_path)
         rows = calls.results(raise_if_cancelled)
     for parquet_path, count in zip(parquet_paths, rows, strict=True):
-        outcome.files.append(DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=count))
+        outcome.files.append(
+            DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=count)
+        )
 
 
 def pieces_plan(
@@ -188,11 +227,22 @@ def pieces_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
 
-    def routes(piece: Piece) -> str:  # a span reads its file's bare routes where ``plan_pieces`` saved them
+    # a span reads its file's bare routes where ``plan_pieces`` saved them
+    def routes(piece: Piece) -> str:
         return str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
 
-    sources = tuple(PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces)
-    return FilePlan(sources, str(parts_dir), pieces[0].folder, groups, skipped_ids, by_provenance, max_line_bytes)
+    sources = tuple(
+        PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces
+    )
+    return FilePlan(
+        sources,
+        str(parts_dir),
+        pieces[0].folder,
+        groups,
+        skipped_ids,
+        by_provenance,
+        max_line_bytes,
+    )
 
 
 def plan_pieces(
@@ -203,8 +253,8 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or with several ``processes`` a large one cut into spans
-    (its content counted only then); a cut file's bare Provenance routes are saved once for its spans."""
+    """Every input file as one piece, or with several ``processes`` a large one cut into spans (its
+    content counted only then); a cut file's bare Provenance routes are saved once for its spans."""
     pieces = []
     for path in paths:
         spans = file_spans(path, processes, min_span_bytes) if processes > 1 else [WHOLE_FILE]
@@ -240,9 +290,15 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
         cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
         expect_files(len(pieces), "pieces" if cut else "files")
         inputs = {f.name: f for f in step.files}
-        sizes = [inputs[p.name].size if p.count == 1 else None for p in pieces]  # a span's size is not known
-        to_do = [FileToDo(p.label, size, (p, inputs[p.name].resources)) for p, size in zip(pieces, sizes, strict=True)]
-        batches = run_batches(flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes)
+        # a span's size is not known
+        sizes = [inputs[p.name].size if p.count == 1 else None for p in pieces]
+        to_do = [
+            FileToDo(p.label, size, (p, inputs[p.name].resources))
+            for p, size in zip(pieces, sizes, strict=True)
+        ]
+        batches = run_batches(
+            flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes
+        )
         results = results_or_raise(batches)
     parts = [result["parts"] for result in results]
     outcome = join_parts(step.output_dir, parts_dir, plan.views, plan.skipped, parts, by_provenance)
@@ -264,7 +320,9 @@ def join_parts(
     """
     outcome = new_outcome(views, skipped, by_provenance, "embedded")
     for result in results:
-        for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
+        for counts, resources, rows in zip(
+            outcome.groups, result["resources"], result["rows"], strict=True
+        ):
             counts.resources += resources
             counts.rows += rows
         for key in COUNTED:
@@ -302,7 +360,8 @@ class GroupCsv:
         self.dest, self.part = folder / name, folder / f"{PART_PREFIX}{name}{PART_SUFFIX}"
         self.columns, self.rows = columns, 0
         folder.mkdir(parents=True, exist_ok=True)
-        self._stream = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by finish/discard
+        # closed by finish/discard
+        self._stream = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115
         self._writer = CsvWriter(self._stream)
         self._writer.writerow(columns)
 
@@ -343,7 +402,10 @@ class RemoteGroup(GroupCsv):
     def close(self) -> None:
         if not self.pending:
             return
-        self.write(tuple(row.get(c) for c in self.columns) for row in self.service.run(self.view, self.pending))
+        self.write(
+            tuple(row.get(c) for c in self.columns)
+            for row in self.service.run(self.view, self.pending)
+        )
         self.pending, self.pending_bytes = [], 0
 
 
@@ -364,7 +426,10 @@ def flatten_with_service(
     per_group = budget // max(len(views), 1)
     outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
+    groups, selections = (
+        [(v.group.id, v.resource_type) for v in views],
+        [v.selection for v in views],
+    )
     router = Router(groups, [g.id for g in skipped], outs, by_provenance, outcome, selections)
     try:
         with engine_errors_as_step_errors():
@@ -374,10 +439,11 @@ def flatten_with_service(
                     resource = parse_line(path, number, line)
                     try:
                         router.route_line(resource, routes)
-                    except orjson.JSONEncodeError:  # over 254 levels, where orjson reads 1024: the line's fault
+                    # over 254 levels, where orjson reads 1024: the line's fault
+                    except orjson.JSONEncodeError:
                         raise ResourceLineError(
-                            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the "
-                            "flattening service"
+                            f"{path}: line {number} is nested too deeply (over 254 levels) to be "
+                            "sent to the flattening service"
                         ) from None
         for out in outs:
             out.close()

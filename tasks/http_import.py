@@ -13,7 +13,15 @@ from config.services import ExtractorSettings
 from config.settings import Settings
 from tasks.clients.downloads import safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
-from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.job.contract import (
+    DataFile,
+    StepInput,
+    StepResult,
+    commit_each,
+    file_task,
+    settings_of,
+    step_task,
+)
 from tasks.core.errors import StepError
 from tasks.job.steps import compression_shape, download_tracked
 from tasks.streams.ndjson import FileStats
@@ -21,10 +29,6 @@ from tasks.streams.progress import expect_files
 from tasks.core.url_credentials import shown_url
 
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
-
-
-class HttpImportError(StepError):
-    """Bad http_import input; the message says what is wrong and what to do."""
 
 
 @step_task("http_import")
@@ -49,18 +53,22 @@ def fetch_ndjson(url: str, dest: Path, settings: Settings) -> FileStats:
 
 def source_url(job_input: str | None) -> str:
     if not job_input:
-        raise HttpImportError("http_import needs the URL of an NDJSON file as the job input")
+        raise StepError("http_import needs the URL of an NDJSON file as the job input")
     try:
         scheme = httpx.URL(job_input).scheme
     except httpx.InvalidURL as exc:
-        raise HttpImportError(f"http_import: {shown_url(job_input)} is not a valid URL ({exc})") from None
+        raise StepError(f"http_import: {shown_url(job_input)} is not a valid URL ({exc})") from None
     if scheme not in ("http", "https"):
-        raise HttpImportError(f"http_import: {shown_url(job_input)} is not an http(s) URL; give the file's URL")
+        raise StepError(
+            f"http_import: {shown_url(job_input)} is not an http(s) URL; give the file's URL"
+        )
     return job_input
 
 
 def origin(url: str) -> str:
-    return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip("/")
+    return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip(
+        "/"
+    )
 
 
 shaped_settings = compression_shape  # what the step's files depend on besides its input

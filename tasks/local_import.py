@@ -25,10 +25,25 @@ from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
 
 
-# NDJSON compressed otherwise than with zstd: named like data, never read (a checksum or backup beside a file is no
-# data: Patient.ndjson.zst.sha256, Patient.ndjson.bak).
-COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".lzma", ".zstd", ".lz4", ".br", ".zip", ".7z")
-FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket"}
+# NDJSON compressed otherwise than with zstd: named like data, never read (a checksum or backup
+# beside a file is no data: Patient.ndjson.zst.sha256, Patient.ndjson.bak).
+COMPRESSED_SUFFIXES = (
+    ".gz",
+    ".gzip",
+    ".bz2",
+    ".xz",
+    ".lzma",
+    ".zstd",
+    ".lz4",
+    ".br",
+    ".zip",
+    ".7z",
+)
+FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a named pipe (FIFO)",
+    stat.S_IFSOCK: "a socket",
+}
 CHANGE_CHECK_BYTES = 16 << 20
 """How much is copied between two checks that the source is as the scan found it (one stat each)."""
 
@@ -63,7 +78,8 @@ def import_file(step: StepInput, source: str, name: str, identity: list[Any]) ->
 
     Note: ``identity`` (path, size, mtime) makes a changed source a new file.
     """
-    source_path, shown = Path(source), show_text(source, None)  # a folder's name may hold a line break
+    # a folder's name may hold a line break
+    source_path, shown = Path(source), show_text(source, None)
     size = identity[1]
     written = ndjson_written(settings_of(step))
     hint = None if source.endswith(".zst") else size  # a zstd file's data are larger than its size
@@ -80,7 +96,8 @@ def import_file(step: StepInput, source: str, name: str, identity: list[Any]) ->
             for copied in writer.copy(source_path):
                 raise_if_cancelled()
                 progress.advance(copied)
-                if (unchecked := unchecked + copied) >= CHANGE_CHECK_BYTES:  # a file that keeps growing never ends
+                # a file that keeps growing never ends
+                if (unchecked := unchecked + copied) >= CHANGE_CHECK_BYTES:
                     refuse_a_changed_source(source_path, identity)
                     unchecked = 0
             refuse_a_changed_source(source_path, identity)
@@ -100,9 +117,9 @@ def refuse_a_changed_source(path: Path, identity: list[Any]) -> None:
     found = path.stat()
     if [found.st_size, found.st_mtime_ns] != identity[1:]:
         raise LocalImportError(
-            f"{show_text(path, None)} changed while it was imported ({identity[1]:,} bytes when the step began, "
-            f"{found.st_size:,} now, written again since); wait until whatever writes it has finished, then continue "
-            "the job"
+            f"{show_text(path, None)} changed while it was imported ({identity[1]:,} bytes when "
+            f"the step began, {found.st_size:,} now, written again since); wait until whatever "
+            "writes it has finished, then continue the job"
         )
 
 
@@ -114,12 +131,15 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
     configured = job_input if job_input and not is_crtdl_file(job_input) else configured_dir
     if not configured:
         raise LocalImportError(
-            "local_import has no directory: give the folder that holds the .ndjson files as the job input, "
-            "with --dir DIR, or in services.local_import.dir"
+            "local_import has no directory: give the folder that holds the .ndjson files as the "
+            "job input, with --dir DIR, or in services.local_import.dir"
         )
     source = Path(configured).expanduser()
     if configured == configured_dir:
-        given_as, how = "services.local_import.dir", "with --dir DIR or in services.local_import.dir"
+        given_as, how = (
+            "services.local_import.dir",
+            "with --dir DIR or in services.local_import.dir",
+        )
     else:
         given_as, how = "the job input", "as the job input"
     if not source.is_dir():
@@ -150,8 +170,8 @@ def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Pa
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(
-            f"cannot read directory {show_text(exc.filename, None)}: {exc.strerror}; fix its permissions or remove it "
-            "from the import"
+            f"cannot read directory {show_text(exc.filename, None)}: {exc.strerror}; fix its "
+            "permissions or remove it from the import"
         )
 
     files = []
@@ -169,8 +189,8 @@ def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Pa
         for name in subfolders:
             if os.path.islink(path := Path(folder, name)):  # os.walk does not follow it
                 raise LocalImportError(
-                    f"{show_text(path, None)} is a symbolic link to a folder, which the recursive scan does not "
-                    "follow; import the folder it points to, or copy its files in"
+                    f"{show_text(path, None)} is a symbolic link to a folder, which the recursive "
+                    "scan does not follow; import the folder it points to, or copy its files in"
                 )
     return files
 
@@ -190,9 +210,9 @@ def refuse_data_left_out(path: Path) -> None:
         )
     if lower.endswith(COMPRESSED_SUFFIXES) and ".ndjson." in lower:
         raise LocalImportError(
-            f"{show_text(path, None)} is named like data of another kind: only plain NDJSON (.ndjson) and zstd "
-            "(.ndjson.zst) are read; decompress it, or compress it with zstd as .ndjson.zst, or move it out of the "
-            "import folder"
+            f"{show_text(path, None)} is named like data of another kind: only plain NDJSON "
+            "(.ndjson) and zstd (.ndjson.zst) are read; decompress it, or compress it with zstd "
+            "as .ndjson.zst, or move it out of the import folder"
         )
 
 
@@ -210,15 +230,19 @@ def check_data_file(path: Path) -> Path:
         mode = path.stat().st_mode
     except OSError as exc:
         problem = _stat_problem(path, exc)
-        raise LocalImportError(f"cannot read {show_text(path, None)}: {problem}; fix or remove it") from None
+        raise LocalImportError(
+            f"cannot read {show_text(path, None)}: {problem}; fix or remove it"
+        ) from None
     if not stat.S_ISREG(mode):
         kind = FILE_KINDS.get(stat.S_IFMT(mode), "a device")
         raise LocalImportError(
-            f"{show_text(path, None)} is {kind}, not a file, although its name says data; remove it from "
-            "the import folder or rename it"
+            f"{show_text(path, None)} is {kind}, not a file, although its name says data; remove "
+            "it from the import folder or rename it"
         )
     if not os.access(path, os.R_OK):
-        raise LocalImportError(f"cannot read file {show_text(path, None)}: permission denied; fix its permissions")
+        raise LocalImportError(
+            f"cannot read file {show_text(path, None)}: permission denied; fix its permissions"
+        )
     return path
 
 
@@ -238,8 +262,8 @@ def target_names(files: list[Path], compress: bool) -> list[str]:
         if (key := name_key(name)) in seen:
             first, second = show_text(seen[key][1], None), show_text(path, None)
             raise LocalImportError(
-                f"{first} and {second} would both be imported as {name} (a file system that ignores case takes them "
-                "for one file); rename one of them"
+                f"{first} and {second} would both be imported as {name} (a file system that "
+                "ignores case takes them for one file); rename one of them"
             )
         seen[key] = (name, path)
     return [name for name, _ in seen.values()]

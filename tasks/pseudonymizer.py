@@ -5,6 +5,7 @@ Note: the resources of the previous step's files. See docs/development.md#steps.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,23 +15,41 @@ from typing import Any, TypedDict
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.clients.pseudonymizer import CONFIG_KEY, AnonymizationConfig, PseudonymizationError, Pseudonymized
+from tasks.clients.pseudonymizer import (
+    CONFIG_KEY,
+    AnonymizationConfig,
+    PseudonymizationError,
+    Pseudonymized,
+)
 from tasks.clients.pseudonymizer import Pseudonymizer, resource_label
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.core.kept import KeptByDigest
 from tasks.core.jsonfile import JsonFileError
-from tasks.job.steps import compression_shape, file_shape, ndjson_written, one_batch_at_a_time, publish_report
+from tasks.job.steps import (
+    compression_shape,
+    file_shape,
+    ndjson_written,
+    one_batch_at_a_time,
+    publish_report,
+)
 from tasks.job.steps import write_answers
-from tasks.streams.ndjson import CompressionLevel, FileStats, iter_lines, output_name, parse_resource
+from tasks.streams.ndjson import (
+    CompressionLevel,
+    FileStats,
+    iter_lines,
+    output_name,
+    parse_resource,
+)
 
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
-    "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise "
-    f"{BODY_LIMIT}"
+    "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller "
+    f"chunks, or raise {BODY_LIMIT}"
 )
-_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)  # the step's, for its file tasks
+# the step's, for its file tasks
+_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
 
 
 class PseudonymizerStepError(StepError):
@@ -68,13 +87,18 @@ def pseudonymizer(step: StepInput) -> StepResult:
         _configs_by_digest.keep(config.sha256, config)
     config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
-        FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
+        FileToDo(
+            f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest)
+        )
         for f in step.input_files()
     ]
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
-    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}  # else in words
-    rows = [{titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports]
+    # else in words
+    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}
+    rows = [
+        {titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports
+    ]
     publish_report(step, rows, "lines, split Bundles and requests per file")
     return step.result(
         [result["file"] for result in results],
@@ -93,7 +117,9 @@ def pseudonymize_file(
     config a new result.
     """
     settings = settings_of(step)
-    config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
+    config = anonymization_config(
+        settings.services.pseudonymizer.anonymization_config, config_digest
+    )
     source = step.input_path(source_name)
     started = time.monotonic()
     dest = step.output_dir / name
@@ -122,9 +148,14 @@ def pseudonymize_with_service(
     configured = settings.services.pseudonymizer
     if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
-    timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
+    timeout, connections = (
+        http_timeout(configured.timeout),
+        max(100, configured.max_concurrent_requests),
+    )
     setting = "services.pseudonymizer.url"
-    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting)
+    endpoint = ServiceEndpoint(
+        "pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting
+    )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         service = Pseudonymizer(
             client,
@@ -160,15 +191,6 @@ def pseudonymize_path(
             yield line_number, line, parse_resource(source, line_number, line)
             counts.resources_in += 1
 
-    def pseudonymize(item: tuple[int, bytes, dict[str, Any]]) -> Pseudonymized:
-        line_number, line, resource = item
-        try:
-            return service.pseudonymize(line, resource)
-        except (ServiceError, PseudonymizationError) as exc:
-            hint = f"; {TOO_LARGE_HINT}" if isinstance(exc, ServiceError) and exc.status_code == 413 else ""
-            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
-            raise PseudonymizerStepError(message) from exc
-
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
         counts.requests += result.requests
         counts.bundles_split += result.split
@@ -176,7 +198,7 @@ def pseudonymize_path(
 
     counts.written = write_answers(
         resources(),
-        pseudonymize,
+        functools.partial(_pseudonymize_line, service, source),
         written,
         dest,
         workers=concurrency,
@@ -192,6 +214,23 @@ def pseudonymize_path(
         went = f"{counts.resources_in} lines went in but {counts.resources_out} came out"
         raise PseudonymizerStepError(f"{source}: {went}; the output was discarded")
     return counts
+
+
+def _pseudonymize_line(
+    service: Pseudonymizer, source: Path, item: tuple[int, bytes, dict[str, Any]]
+) -> Pseudonymized:
+    """De-identify one line; a failure names the file, line and resource."""
+    line_number, line, resource = item
+    try:
+        return service.pseudonymize(line, resource)
+    except (ServiceError, PseudonymizationError) as exc:
+        hint = (
+            f"; {TOO_LARGE_HINT}"
+            if isinstance(exc, ServiceError) and exc.status_code == 413
+            else ""
+        )
+        message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
+        raise PseudonymizerStepError(message) from exc
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
@@ -217,8 +256,9 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
     config = read_anonymization_config(path)
     if config is None or config.sha256 != digest:
         raise PseudonymizerStepError(
-            f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no longer the file "
-            "the step read at its start); keep the file unchanged while a job runs"
+            f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no "
+            "longer the file the step read at its start); keep the file unchanged while a job "
+            "runs"
         )
     _configs_by_digest.keep(digest, config)
     return config
@@ -229,4 +269,7 @@ def shaped_settings(settings: Settings) -> dict[str, Any]:
 
     Note: the anonymization config (an edit of it too) and compression.
     """
-    return {"config": file_shape(settings.services.pseudonymizer.anonymization_config), **compression_shape(settings)}
+    return {
+        "config": file_shape(settings.services.pseudonymizer.anonymization_config),
+        **compression_shape(settings),
+    }

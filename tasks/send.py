@@ -5,13 +5,11 @@ Note: in the mode ``services.send.send_as`` names (docs/steps.md). See docs/deve
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
-from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,26 +18,32 @@ import orjson
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionRejected
-from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, commit_each, file_task, settings_of
+from tasks.job.contract import (
+    DataFile,
+    StepInput,
+    StepResult,
+    batch_task,
+    commit_each,
+    file_task,
+    settings_of,
+)
 from tasks.job.contract import step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
-from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
 from tasks.job.steps import one_batch_at_a_time
+from tasks.clients.transaction_bundles import Batch, iter_batches
 from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
-from tasks.streams.ndjson import iter_lines, parse_resource
 
 log = logging.getLogger("dupflow.send")
 
 DEFAULT_BATCH_SIZE = 100
-UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
-SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
 STATUS_HINTS = {  # what a refusal of the whole transaction asks of the user
     **AUTH_REFUSALS,
-    413: f"the transaction is larger than the server accepts; lower services.send.batch_size or raise {BODY_LIMIT}",
+    413: "the transaction is larger than the server accepts; lower services.send.batch_size or "
+    f"raise {BODY_LIMIT}",
 }
 
 
@@ -52,17 +56,28 @@ def send(step: StepInput) -> StepResult:
     if mode == "direct_resource_load":
         refuse_csv_input(files)
         core, others = [f for f in files if f.core], [f for f in files if not f.core]
-        reports = send_files(send_files_direct, step, core) + send_files(send_files_direct, step, others)
-        summary = {"transactions": sum(r["batches"] for r in reports), "entries": sum(r["entries"] for r in reports)}
+        reports = send_files(send_files_direct, step, core) + send_files(
+            send_files_direct, step, others
+        )
+        summary = {
+            "transactions": sum(r["batches"] for r in reports),
+            "entries": sum(r["entries"] for r in reports),
+        }
     elif mode == "transfer_load":
         reports = send_files(send_files_binary, step, files)
         document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
         summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
     elif mode == "s3_upload":
         reports = send_files(send_files_s3, step, files)
-        summary = {"bucket": settings.services.send.s3.bucket, "objects": [r["key"] for r in reports]}
+        summary = {
+            "bucket": settings.services.send.s3.bucket,
+            "objects": [r["key"] for r in reports],
+        }
     else:
-        raise StepError(f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, s3_upload")
+        raise StepError(
+            f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, "
+            "s3_upload"
+        )
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
 
 
@@ -71,7 +86,9 @@ def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[
 
     Note: every finished batch is kept; the first failure is raised.
     """
-    return one_batch_at_a_time(batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files])
+    return one_batch_at_a_time(
+        batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files]
+    )
 
 
 def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
@@ -91,7 +108,9 @@ def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
 def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        binary = send_binary(server, step.input_path(name), binary_id(step.job_id, name), step.output_dir)
+        binary = send_binary(
+            server, step.input_path(name), binary_id(step.job_id, name), step.output_dir
+        )
     return {"binary": binary}
 
 
@@ -104,7 +123,9 @@ def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
     settings = settings_of(step)
     config = settings.services.send
     with FhirServer.connect(config, settings.tls, settings.retry) as server:
-        return put_document_reference(server, step.output_dir / "transfer.json", step.job_id, binaries, config.transfer)
+        return put_document_reference(
+            server, step.output_dir / "transfer.json", step.job_id, binaries, config.transfer
+        )
 
 
 def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
@@ -112,7 +133,9 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
 
     settings = settings_of(step)
     manifest = step.output_dir / "s3-manifest.json"
-    with closing(S3Uploader(settings.services.send, settings.tls, settings.retry, manifest)) as uploader:
+    with closing(
+        S3Uploader(settings.services.send, settings.tls, settings.retry, manifest)
+    ) as uploader:
         uploaded = uploader.upload(step.input_path(name), f"{step.job_id}/{name}")
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
 
@@ -123,152 +146,14 @@ send_files_s3 = batch_task("send-files-s3", "send", send_file_s3)
 def refuse_csv_input(files: list[DataFile]) -> None:
     if csv := [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]:
         raise StepError(
-            f"send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the input holds "
-            f"{', '.join(csv)}; put send before flattening in pipeline.enabled_steps, or send the CSV files "
-            "with send_as transfer_load or s3_upload"
+            "send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the "
+            f"input holds {', '.join(csv)}; put send before flattening in pipeline.enabled_steps, "
+            "or send the CSV files with send_as transfer_load or s3_upload"
         )
 
 
 def effective_batch_size(batch_size: int) -> int:
     return batch_size or DEFAULT_BATCH_SIZE
-
-
-@dataclass
-class Batch:
-    """A transaction's entries (JSON each), their Type/id labels, the next one's start."""
-
-    number: int
-    entries: list[bytes] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
-    next_line: int = 0
-    next_entry: int = 0
-
-    def body(self) -> bytes:
-        return b'{"resourceType":"Bundle","type":"transaction","entry":[' + b",".join(self.entries) + b"]}"
-
-
-def iter_batches(
-    source: Path,
-    batch_size: int,
-    *,
-    tag_prefix: str,
-    max_line_bytes: int,
-    start_line: int = 0,
-    start_entry: int = 0,
-    first_number: int = 1,
-) -> Iterator[Batch]:
-    """Yield the transaction batches of ``source`` from an entry of a line on.
-
-    Note: from entry ``start_entry`` of line ``start_line``; earlier lines are skipped unparsed.
-    Why: a line's entries (an unwrapped Bundle's) that fit in one batch are never cut in two, so
-    references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one
-    transaction.
-    """
-    batch = Batch(first_number)
-    for line_number, line in iter_lines(source, max_line_bytes):
-        if line_number < start_line:
-            continue
-        skip = start_entry if line_number == start_line else 0
-        entries = list(enumerate(line_entries(source, line_number, line, tag_prefix)))[skip:]
-        if batch.entries and len(batch.entries) + len(entries) > batch_size >= len(entries):
-            yield batch
-            batch = Batch(batch.number + 1)
-        for index, (entry, label) in entries:
-            batch.entries.append(entry)
-            batch.labels.append(label)
-            batch.next_line, batch.next_entry = line_number, index + 1
-            if len(batch.entries) == batch_size:
-                yield batch
-                batch = Batch(batch.number + 1)
-    if batch.entries:
-        yield batch
-
-
-def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
-    """Yield the resource of one NDJSON line, or those of an unwrapped Bundle.
-
-    Note: but not a search's own OperationOutcome.
-    """
-    resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
-    where = f"{source.name} line {line_number}"
-    unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
-    if unwrapped or not resource.get("id"):  # taken apart and written anew: ``1.50`` stays ``1.50``
-        try:
-            resource = loads_exact(line)
-        except RecursionError:
-            raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
-    if unwrapped:
-        if not isinstance(entries := resource.get("entry", []), list | None):
-            raise StepError(f"{where}: the Bundle's entry is not an array, so it holds no resource to send; fix it")
-        for index, item in enumerate(entries or []):
-            inner = item.get("resource") if isinstance(item, dict) else None
-            if isinstance(inner, dict) and not search_outcome(item):
-                tag = f"{tag_prefix}:{line_number}:{index}"
-                yield transaction_entry(inner, None, tag, f"{where} entry {index + 1}", item.get("fullUrl"))
-        return
-    yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
-
-
-def search_outcome(entry: dict[str, Any]) -> bool:
-    """Tell whether a searchset entry is the search's own OperationOutcome, not data.
-
-    Why: sending it (``search.mode: outcome``) would store the source server's messages on the
-    destination.
-    """
-    search = entry.get("search")
-    return isinstance(search, dict) and search.get("mode") == "outcome"
-
-
-def written(resource: dict[str, Any], where: str) -> bytes:
-    """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
-    try:
-        return dumps_exact(resource)
-    except (TypeError, RecursionError):  # orjson writes at most 254 levels
-        raise StepError(f"{where}: the resource is nested too deep (over 254 levels) to be sent") from None
-
-
-def transaction_entry(
-    resource: dict[str, Any], raw: bytes | None, tag: str, where: str, full_url: str | None = None
-) -> tuple[bytes, str]:
-    """Return ``(entry JSON, "Type/id")``: a PUT with an id, else a conditional POST.
-
-    Note: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag.
-    Why: ``raw`` (the JSON as read, or None) is sent as is, saving a re-serialisation.
-    """
-    resource_type, resource_id = resource.get("resourceType"), resource.get("id")
-    if not isinstance(resource_type, str) or not resource_type:
-        raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
-    if resource_id is not None and not isinstance(resource_id, str):
-        raise StepError(f"{where}: {resource_type}.id is not a string")
-    prefix = b'{"fullUrl":' + orjson.dumps(full_url) + b"," if full_url else b"{"
-    if resource_id:
-        label = f"{resource_type}/{resource_id}"
-        request = {"method": "PUT", "url": label}
-        body = raw if raw is not None else written(resource, where)
-    else:
-        label = f"{resource_type} (no id)"
-        code = entry_tag(tag)
-        request = {"method": "POST", "url": resource_type, "ifNoneExist": f"_tag={SEND_ENTRY_TAG_SYSTEM}|{code}"}
-        body = written(with_tag(resource, code, where), where)
-    return prefix + b'"resource":' + body + b',"request":' + orjson.dumps(request) + b"}", label
-
-
-def entry_tag(position: str) -> str:
-    """The tag code of a POST entry: stable for the job, file and position, short."""
-    return hashlib.sha256(position.encode()).hexdigest()[:32]
-
-
-def with_tag(resource: dict[str, Any], code: str, where: str) -> dict[str, Any]:
-    """Return ``resource`` with the tag its conditional create looks for.
-
-    Note: a ``meta`` or ``meta.tag`` not shaped as FHIR's is refused (the tag could not be added
-    without dropping or mangling it).
-    """
-    meta = resource.get("meta", {})
-    if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
-        raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
-    tag = [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
-    return {**resource, "meta": {**meta, "tag": tag}}
 
 
 @dataclass
@@ -291,16 +176,28 @@ class BatchProgress:
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
-        self.state = {"batches": 0, "entries": 0, "next_line": 0, "next_entry": 0, "complete": False}
+        self.state = {
+            "batches": 0,
+            "entries": 0,
+            "next_line": 0,
+            "next_entry": 0,
+            "complete": False,
+        }
         try:
             stored = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return
         found = stored.get("identity") if isinstance(stored, dict) else None
-        if isinstance(found, dict) and {k: v for k, v in found.items() if k != "batch_size"} == identity:
+        if (
+            isinstance(found, dict)
+            and {k: v for k, v in found.items() if k != "batch_size"} == identity
+        ):
             self.state.update({key: stored[key] for key in self.state if key in stored})
         else:
-            log.warning("%s: progress record is for another input or server; sending from the start", path.name)
+            log.warning(
+                "%s: progress record is for another input or server; sending from the start",
+                path.name,
+            )
 
     def record(self, batch: Batch | None) -> None:
         """Record where the batch after confirmed ``batch`` starts; None: the file is done."""
@@ -309,23 +206,29 @@ class BatchProgress:
         else:
             entries = self.state["entries"] + len(batch.entries)
             self.state.update(
-                batches=batch.number, entries=entries, next_line=batch.next_line, next_entry=batch.next_entry
+                batches=batch.number,
+                entries=entries,
+                next_line=batch.next_line,
+                next_entry=batch.next_entry,
             )
         write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
 
 
 def send_resources(
-    server: FhirServer, source: Path, records: Path, *, job_id: str, batch_size: int, max_line_bytes: int
+    server: FhirServer,
+    source: Path,
+    records: Path,
+    *,
+    job_id: str,
+    batch_size: int,
+    max_line_bytes: int,
 ) -> DirectReport:
     """Send ``source`` in transactions, resuming from its progress record.
 
     Note: the record is in ``records`` (the step's folder).
     """
     started = time.monotonic()
-    # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
-    # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
-    found, to = source.stat(), str(server.http.base_url)
-    identity = {"file": source.name, "size": found.st_size, "modified_ns": found.st_mtime_ns, "to": to}
+    identity = input_identity(source, str(server.http.base_url))
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
     state, report = progress.state, DirectReport(source.name)
     if not state["complete"]:
@@ -346,9 +249,24 @@ def send_resources(
             progress.record(batch)
         progress.record(None)
         report.seconds = round(time.monotonic() - started, 3)
-        log.info("%s: %d entries sent in %d transactions", source.name, state["entries"], state["batches"])
+        log.info(
+            "%s: %d entries sent in %d transactions",
+            source.name,
+            state["entries"],
+            state["batches"],
+        )
     report.batches, report.entries = state["batches"], state["entries"]
     return report
+
+
+def input_identity(source: Path, to: str) -> dict[str, Any]:
+    """Name what a progress record is of: the file as it is now and its destination.
+
+    Why: a file sent to one server is not taken as sent to another (``shaped_settings``); a file
+    written anew to the same size (another import, new pseudonyms) is another input.
+    """
+    found = source.stat()
+    return {"file": source.name, "size": found.st_size, "modified_ns": found.st_mtime_ns, "to": to}
 
 
 def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
@@ -361,8 +279,12 @@ def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) ->
     try:
         server.transaction(body, len(batch.entries))
     except ServiceError as exc:
-        answer = exc.response_text if isinstance(exc, TransactionRejected) else f"no answer: {exc}\n"
-        message = rejection_message(name, batch, exc) + keep_failed_batch(failed_dir, name, batch.number, body, answer)
+        answer = (
+            exc.response_text if isinstance(exc, TransactionRejected) else f"no answer: {exc}\n"
+        )
+        message = rejection_message(name, batch, exc) + keep_failed_batch(
+            failed_dir, name, batch.number, body, answer
+        )
         raise StepError(message, status_code=exc.status_code, transient=exc.transient) from exc
 
 
@@ -374,12 +296,16 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
     hint = f": {text}" if (text := STATUS_HINTS.get(exc.status_code or 0)) else ""
-    return f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: {outcome}"
+    return (
+        f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: "
+        f"{outcome}"
+    )
 
 
 def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
     """Name the failing entry as the server did: by index, else by Type/id or type."""
-    labels = [show_text(label) for label in labels]  # a resource id from the data, shown as itself or escaped
+    # a resource id from the data, shown as itself or escaped
+    labels = [show_text(label) for label in labels]
     if index is not None and 0 <= index < len(labels):
         return f"entry {index + 1} ({labels[index]})"
     named = [i for i, label in enumerate(labels) if label in outcome]

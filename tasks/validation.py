@@ -19,7 +19,15 @@ from pydantic import BaseModel, Field
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
+from tasks.clients.bounds import MB
+from tasks.clients.validator import (
+    Chunk,
+    ValidationServiceError,
+    Validator,
+    annotated,
+    iter_chunks,
+    read_findings,
+)
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
@@ -31,10 +39,11 @@ FIRST_ERRORS = 5
 READ_TIMEOUT = timedelta(minutes=10)
 """The validator is silent while it works on a chunk; a 10 MB chunk can take minutes."""
 REPORT_LINE_LIMIT = 1 << 30
-"""Report lines hold a whole chunk's OperationOutcome; the NDJSON line limit is for input resources."""
+"""Report lines hold a whole chunk's OperationOutcome; the NDJSON line limit is for input
+resources."""
 TOO_LARGE_HINT = (
-    "the chunk was larger than the validation service accepts: lower services.validation.bundle_chunk_size_mb, "
-    f"or raise {BODY_LIMIT}"
+    "the chunk was larger than the validation service accepts: lower "
+    f"services.validation.bundle_chunk_size_mb, or raise {BODY_LIMIT}"
 )
 ALONE_TOO_LARGE_HINT = (
     "the chunk held this one resource, larger than the validation service accepts (a smaller "
@@ -73,8 +82,13 @@ def validation(step: StepInput) -> StepResult:
     settings = settings_of(step)
     service = settings.services.validation
     if not service.url:
-        raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
-    files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
+        raise StepError(
+            "services.validation.url is not set; the validation step needs the validator's root URL"
+        )
+    files = [
+        FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources))
+        for f in step.input_files()
+    ]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
     per_file = [c.model_dump(exclude={"report"}) for c in checked]
     rows = [  # the counts' names in words, in field order
@@ -88,11 +102,18 @@ def validation(step: StepInput) -> StepResult:
     publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
-    totals = {k: sum(f[k] for f in per_file) for k in ("resources", "resources_with_errors", "errors", "warnings")}
-    return step.result([c.report for c in checked], per_file=per_file, **totals, reports=str(step.output_dir))
+    totals = {
+        k: sum(f[k] for f in per_file)
+        for k in ("resources", "resources_with_errors", "errors", "warnings")
+    }
+    return step.result(
+        [c.report for c in checked], per_file=per_file, **totals, reports=str(step.output_dir)
+    )
 
 
-def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
+def validate_file(
+    step: StepInput, name: str, chunk_size_mb: int, expected: int | None
+) -> FileValidation:
     """Validate one input file.
 
     Why: ``chunk_size_mb`` is a parameter: it shapes the report. ``expected``: the file's lines, for
@@ -112,7 +133,9 @@ def validate_with_service(
     service = settings.services.validation
     assert service.url is not None
     connections, timeout = max(100, service.max_concurrent_requests), http_timeout(READ_TIMEOUT)
-    endpoint = ServiceEndpoint("validation", service.url, None, timeout, connections, setting="services.validation.url")
+    endpoint = ServiceEndpoint(
+        "validation", service.url, None, timeout, connections, setting="services.validation.url"
+    )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         return validate_path(
             source,
@@ -137,7 +160,8 @@ def validate_path(
     expected_resources: int | None = None,
 ) -> FileValidation:
     """Validate ``source`` chunk by chunk, ``concurrency`` in flight, into the report ``dest``."""
-    found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))  # until written
+    # until written
+    found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))
 
     def validate(chunk: Chunk) -> dict[str, Any]:
         try:
@@ -149,7 +173,9 @@ def validate_path(
         found.add(chunk, outcome)
         return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
 
-    chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
+    chunks = warn_oversized(
+        iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source
+    )
     stats = write_answers(
         chunks,
         validate,
@@ -170,8 +196,8 @@ def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
     """Return a failed chunk's message: its resources, the failure, for a 413 the fix."""
     held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
     message = (
-        f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
-        "this is a failure of the validation service, not a finding in the data"
+        f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) "
+        f"failed: {exc}; this is a failure of the validation service, not a finding in the data"
     )
     if isinstance(exc, ServiceError) and exc.status_code == 413:
         message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
@@ -182,7 +208,8 @@ def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
     for chunk in chunks:
         if chunk.oversized:
             step_logger().warning(
-                "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is sent alone in chunk %d",
+                "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is "
+                "sent alone in chunk %d",
                 source.name,
                 chunk.labels[0],
                 len(chunk.body) / MB,
@@ -191,7 +218,7 @@ def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
         yield chunk
 
 
-def step_logger() -> logging.Logger | logging.LoggerAdapter:
+def step_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
     """Return the task run's logger inside Prefect, else a plain logger.
 
     Why: so warnings reach the run's log.
@@ -204,11 +231,13 @@ def step_logger() -> logging.Logger | logging.LoggerAdapter:
 
 def failure_message(folder: Path, checked: list[FileValidation]) -> str:
     per_file = "; ".join(
-        f"{c.file}: {c.resources_with_errors} of {c.resources} resources with errors ({c.errors} errors)"
+        f"{c.file}: {c.resources_with_errors} of {c.resources} resources with errors ({c.errors} "
+        "errors)"
         for c in checked
         if c.errors
     )
     return (
-        f"validation found data-quality errors: {per_file}. Reports (one NDJSON of OperationOutcomes per input "
-        f"file) are in {folder}. Fix the data, or set services.validation.fail_on_error: false to go on despite them"
+        f"validation found data-quality errors: {per_file}. Reports (one NDJSON of "
+        f"OperationOutcomes per input file) are in {folder}. Fix the data, or set "
+        "services.validation.fail_on_error: false to go on despite them"
     )

@@ -31,11 +31,17 @@ def gate_result_path(step: StepInput, outcome: str) -> Path:
 
     Note: a ``paused`` one also tells a later run of the job that the gate paused it.
     """
-    return JobPaths(step.job_path).results / result_name(step.job_id, step.position, "wait", "wait", outcome)
+    return JobPaths(step.job_path).results / result_name(
+        step.job_id, step.position, "wait", "wait", outcome
+    )
 
 
 def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    return str(gate_result_path(parameters["step"], "paused" if parameters.get("note") is None else "released"))
+    return str(
+        gate_result_path(
+            parameters["step"], "paused" if parameters.get("note") is None else "released"
+        )
+    )
 
 
 # A key, not a cache: run each time (the corrected files may change until the release).
@@ -57,8 +63,12 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
             description=f"Job {step.job_id}: what to inspect and how to resume",
         )
         folder, files = step.folder or "", step.files
-        return StepResult(step=step.step, position=step.position, folder=folder, files=files, awaiting=True)
-    return released_result(step).model_copy(update={"summary": {"inspection note": note}} if note else {})
+        return StepResult(
+            step=step.step, position=step.position, folder=folder, files=files, awaiting=True
+        )
+    return released_result(step).model_copy(
+        update={"summary": {"inspection note": note}} if note else {}
+    )
 
 
 def inspection_text(step: StepInput, resume_hint: str) -> str:
@@ -67,12 +77,12 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
     Note: logged whole and published as the inspection card.
     """
     return (
-        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
-        f"  Data to inspect: {step.input_dir}\n"
-        f"  Corrected files go into: {wait_dir(step)}\n"
-        f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
-        f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
-        f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
+        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n  Data to "
+        f"inspect: {step.input_dir}\n  Corrected files go into: {wait_dir(step)}\n  When that "
+        "folder holds any file on resume (each ending in "
+        f"{' or '.join(correction_suffixes(step))}), the next step reads only that folder; "
+        f"otherwise it reads {step.input_dir} unchanged.\n  To continue: "
+        f"{resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
     )
 
 
@@ -87,20 +97,28 @@ def released_result(step: StepInput) -> StepResult:
     """
     corrected = corrected_paths(step)
     if not corrected:
-        return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
+        return StepResult(
+            step=step.step, position=step.position, folder=step.folder or "", files=step.files
+        )
     seen: dict[str, str] = {}
     for path in corrected:
         if problem := name_from_data_problem(path.name):
-            raise StepError(f"{wait_dir(step)}: the corrected file {show_name(path.name)} {problem}; rename it")
-        if (key := name_key(output_name(path.name, compress=False))) in seen:  # the next step writes one file
             raise StepError(
-                f"{wait_dir(step)}: the corrected files {show_name(seen[key])} and {show_name(path.name)} would "
-                "become one file in the next step (their names differ only in suffix or case); keep one of them"
+                f"{wait_dir(step)}: the corrected file {show_name(path.name)} {problem}; rename it"
+            )
+        # the next step writes one file
+        if (key := name_key(output_name(path.name, compress=False))) in seen:
+            raise StepError(
+                f"{wait_dir(step)}: the corrected files {show_name(seen[key])} and "
+                f"{show_name(path.name)} would become one file in the next step (their names "
+                "differ only in suffix or case); keep one of them"
             )
         seen[key] = path.name
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
     files = [corrected_file(path, max_line_bytes) for path in corrected]
-    get_run_logger().info("continuing with %s from %s", counted(len(files), "corrected file"), wait_dir(step))
+    get_run_logger().info(
+        "continuing with %s from %s", counted(len(files), "corrected file"), wait_dir(step)
+    )
     return step.result(files, folder=wait_dir(step))
 
 
@@ -128,8 +146,9 @@ def corrected_paths(step: StepInput) -> list[Path]:
             continue
         if not (path.is_file() and path.name.endswith(suffixes)):
             raise StepError(
-                f"{folder}: {show_name(path.name)} is no corrected file the next step reads (a file ending in "
-                f"{' or '.join(suffixes)}); rename it or move it out of that folder, then continue again"
+                f"{folder}: {show_name(path.name)} is no corrected file the next step reads (a "
+                f"file ending in {' or '.join(suffixes)}); rename it or move it out of that "
+                "folder, then continue again"
             )
         corrected.append(path)
     return corrected
@@ -144,9 +163,12 @@ def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     if path.name.endswith(".csv"):
         counts = LineCounts(csv_data_rows(path), bundles=0, bundled=0)
     elif path.name.endswith(".parquet"):
-        from tasks.sof.parquet import parquet_rows  # pyarrow is loaded only for a job that has Parquet
+        # pyarrow is loaded only for a job that has Parquet
+        from tasks.sof.parquet import parquet_rows
 
         counts = LineCounts(parquet_rows(path), bundles=0, bundled=0)
     else:
         counts = count_contents(path, max_line_bytes)
-    return DataFile.written(path.name, FileStats(found.st_size, *counts, modified_ns=found.st_mtime_ns))
+    return DataFile.written(
+        path.name, FileStats(found.st_size, *counts, modified_ns=found.st_mtime_ns)
+    )

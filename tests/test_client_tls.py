@@ -17,7 +17,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, ssl_verify
-from tasks.clients.s3 import make_s3_client
+from tasks.clients.s3_client import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
 

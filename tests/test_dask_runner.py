@@ -17,7 +17,8 @@ from config.loader import load_settings
 from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from tasks.job.contract import DataFile, StepInput, file_task, settings_of
-from tasks.job.filework import TaskRunnerError, file_runner, map_files
+from tasks.core.errors import DupflowError
+from tasks.job.filework import file_runner, map_files
 from tasks.core.readable import counted
 from tests.conftest import complete_results, run_cli, run_cli_here
 from tests.support.dask_cluster import external_cluster, scheduler_address
@@ -354,7 +355,7 @@ def test_a_file_a_worker_wrote_where_the_flow_does_not_see_it_fails_the_step_nam
             return map_files(written_on_the_workers_own_disk, [(step, "a.ndjson", str(own_disk))], workers=1)
 
     (outcome,) = fan_out()
-    assert isinstance(outcome, TaskRunnerError), outcome
+    assert isinstance(outcome, DupflowError), outcome
     assert str(outcome).startswith(
         f"a Dask worker wrote a.ndjson where this process does not find it ({job_dir / 'import'})"
     )

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.clients.downloads import DIRECT_READ_MIN_BYTES, DownloadError, download_ndjson
+from tasks.clients.body_reads import DIRECT_READ_MIN_BYTES
+from tasks.clients.downloads import DownloadError, download_ndjson
 from tasks.streams.ndjson import iter_chunks
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server

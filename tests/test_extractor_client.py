@@ -33,12 +33,10 @@ from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
 from tasks.clients.extraction_documents import (
     DeadHandleError,
     ExtractionCancelledError,
-    ExtractionError,
-    ExtractionFailedError,
     ExtractionHandle,
     ExtractionTimeoutError,
     InvalidCrtdlError,
-    NoMatchingDataError,
+    ExtractionError,
     StatusUrlMismatchError,
     parse_crtdl,
     resolve_file_url,
@@ -365,7 +363,7 @@ def test_500_is_a_terminal_failure_with_the_servers_diagnostics(sim):
     with start_extraction_server(
         clock=sim, durations=dict(LONG_JOB), fail_jobs=True, failure_diagnostics="Cohort query failed: Blaze said 500"
     ) as server:
-        with pytest.raises(ExtractionFailedError, match="Cohort query failed: Blaze said 500"):
+        with pytest.raises(ExtractionError, match="Cohort query failed: Blaze said 500"):
             run_extraction(server, sim)
         assert len(server.state.submissions) == 1
 
@@ -466,14 +464,14 @@ def test_file_urls_resolve_against_base_url(url, expected):
 @pytest.mark.parametrize("shape", ["manifest", "parameters"])
 def test_empty_output_reports_the_servers_issues(sim, shape):
     with start_extraction_server(clock=sim, empty_output="with_issues", result_shape=shape) as server:
-        with pytest.raises(NoMatchingDataError, match="no consenting patients"):
+        with pytest.raises(ExtractionError, match="no consenting patients"):
             run_extraction(server, sim)
 
 
 @pytest.mark.parametrize("shape", ["manifest", "parameters"])
 def test_empty_output_without_issues_is_the_no_matching_data_message(sim, shape):
     with start_extraction_server(clock=sim, empty_output="without_issues", result_shape=shape) as server:
-        with pytest.raises(NoMatchingDataError, match="no data matched the CRTDL.*time period"):
+        with pytest.raises(ExtractionError, match="no data matched the CRTDL.*time period"):
             run_extraction(server, sim)
 
 

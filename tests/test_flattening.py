@@ -14,7 +14,7 @@ import orjson
 import pytest
 import zstandard
 
-from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
+from tasks.clients.flattener import Flattener, StepError, run_parameters
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
 from tasks.sof.crtdl_views import (
@@ -107,7 +107,7 @@ def test_a_zstd_input_reads_like_a_plain_one(tmp_path):
 
 def test_a_server_without_run_on_viewdefinition_is_not_a_flattening_service(flattener_fake):
     flattener_fake.state.reset(not_a_flattener=True)
-    with open_service(flattener_fake) as client, pytest.raises(FlattenerError, match="is not a flattening service"):
+    with open_service(flattener_fake) as client, pytest.raises(StepError, match="is not a flattening service"):
         Flattener(client).check()
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
-from flows.jobs import JobError, refuse_unusable_group_names
+from flows.job_crtdl import refuse_unusable_group_names
+from flows.jobs import JobError
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views

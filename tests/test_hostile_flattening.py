@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
-from tasks.clients.flattener import Flattener, FlattenerError, parse_row
+from tasks.clients.flattener import Flattener, StepError, parse_row
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views
 from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
@@ -564,7 +564,7 @@ def test_a_job_whose_groups_all_get_resources_still_completes(tmp_path) -> None:
 def test_a_service_row_that_no_csv_could_hold_is_an_error_naming_the_line(line, said):
     """``json`` raised RecursionError on the first, took NaN as a cell ``nan``, and the third failed the CSV's
     UTF-8 writing as a bare UnicodeEncodeError."""
-    with pytest.raises(FlattenerError, match=f"answer line 7 is not JSON .*{said}"):
+    with pytest.raises(StepError, match=f"answer line 7 is not JSON .*{said}"):
         parse_row(line, 7)
     assert parse_row(b'{"id":"p1","v":1.50}', 1) == {"id": "p1", "v": Decimal("1.50")}
 

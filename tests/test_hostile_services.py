@@ -198,7 +198,7 @@ def test_a_logged_traceback_quoting_a_secret_is_redacted_for_every_handler(tmp_p
 
 
 def test_botocore_debug_logs_of_an_answer_quoting_a_secret_are_redacted(caplog):
-    import tasks.clients.s3  # noqa: F401 - installs the filters on botocore's loggers
+    import tasks.clients.s3_client  # noqa: F401 - installs the filters on botocore's loggers
 
     secret = "s3-proxy-secret-77d1"
     register_secret(secret)

@@ -11,7 +11,7 @@ from tasks.clients.flattener import lists_view_run
 from tasks.clients.pseudonymizer import PseudonymizationError, checked_answer
 from tasks.clients.validator import read_findings
 from tasks.core.errors import StepError
-from tasks.send import SEND_ENTRY_TAG_SYSTEM, transaction_entry
+from tasks.clients.transaction_bundles import SEND_ENTRY_TAG_SYSTEM, transaction_entry
 
 SHAPES = [5, "ab", True, {"a": 1}, [1], [[1]], ["x", None]]
 

@@ -23,6 +23,7 @@ import pytest
 
 from flows.server_process import process_is_server
 from flows.prefect_api import ApiUnreachableError
+from flows.prefect_api_check import require_answer
 from flows.prefect_server import (
     DATABASE_URL_SETTINGS,
     new_database_note,
@@ -34,14 +35,13 @@ from flows.prefect_server import (
     ensure_server,
     home_port,
     read_record,
-    register,
-    require_answer,
     server_status,
     serves_home,
     stop_server,
     ui_url,
 )
 from flows.run import EXIT_USAGE, main
+from flows.server_cli import register
 from tests.conftest import REPO_ROOT, seed_prefect_home
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply

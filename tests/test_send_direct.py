@@ -20,15 +20,8 @@ from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
 from tasks.core.errors import StepError
 from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
-from tasks.send import (
-    SEND_ENTRY_TAG_SYSTEM,
-    effective_batch_size,
-    entry_tag,
-    iter_batches,
-    refuse_csv_input,
-    send,
-    send_resources,
-)
+from tasks.clients.transaction_bundles import SEND_ENTRY_TAG_SYSTEM, entry_tag, iter_batches
+from tasks.send import effective_batch_size, refuse_csv_input, send, send_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake

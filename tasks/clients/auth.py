@@ -14,14 +14,20 @@ import time
 import warnings
 from collections.abc import Generator
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 import orjson
 
 from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
-from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
+from tasks.clients.errors import (
+    MAX_TEXT_CHARS,
+    ServiceError,
+    is_transient_status,
+    json_or_none,
+    naming_setting,
+)
 
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text, truncate
@@ -50,19 +56,23 @@ def oauth2_client_class() -> type[OAuth2Client]:
 
     Why: else it costs every command about 0.1 s.
     """
-    import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
+    # installs authlib's "always" filter first, so ours below wins
+    import authlib.deprecate  # noqa: F401
 
-    # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
+    # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is
+    # what we use.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="The httpx module is deprecated")
         from authlib.integrations.httpx_client import OAuth2Client
-    return OAuth2Client
+    client_class: type[Any] = OAuth2Client
+    return client_class
 
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 AS_SENT = {"Accept-Encoding": "identity"}
-"""Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound can count it."""
+"""Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound
+can count it."""
 
 
 def compressed_answer(response: httpx.Response) -> str | None:
@@ -75,8 +85,8 @@ def compressed_answer(response: httpx.Response) -> str | None:
     if encoding in ("", "identity"):
         return None
     return (
-        f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding {show_name(encoding)}) "
-        "although dupflow asked for none (Accept-Encoding: identity)"
+        f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding "
+        f"{show_name(encoding)}) although dupflow asked for none (Accept-Encoding: identity)"
     )
 
 
@@ -118,11 +128,16 @@ class TokenSource:
         verify: ssl.SSLContext | bool,
         deadline: timedelta = TOKEN_DEADLINE,
     ):
-        self.issuer, self.client_id, self._client_secret = issuer.rstrip("/"), client_id, client_secret
+        self.issuer, self.client_id, self._client_secret = (
+            issuer.rstrip("/"),
+            client_id,
+            client_secret,
+        )
         self._verify, self._deadline = verify, deadline
         self._token_endpoint: str | None = None
         self._token: str | None = None
-        self._renew_at: float | None = None  # clock() after which the token is renewed; None: until rejected
+        # clock() after which the token is renewed; None: until rejected
+        self._renew_at: float | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -161,14 +176,19 @@ class TokenSource:
                     "response": [self._bounded],
                 },
             ) as client:
-                client.register_compliance_hook("access_token_response", self._raise_for_token_error)
+                client.register_compliance_hook(
+                    "access_token_response", self._raise_for_token_error
+                )
                 endpoint = self._token_endpoint or self._discover_token_endpoint(client)
                 token = client.fetch_token(endpoint, grant_type="client_credentials")
         except httpx.TransportError:
             deadline.check("fetch OAuth token", "oauth")
             raise
-        except ValueError as exc:  # authlib: an answer that is no JSON object (a proxy's login page)
-            message = f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
+        # authlib: an answer that is no JSON object (a proxy's login page)
+        except ValueError as exc:
+            message = (
+                f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
+            )
             raise self._refused(message) from None
         finally:
             deadline.release()
@@ -176,7 +196,7 @@ class TokenSource:
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
-    def _cached(self, token: dict) -> tuple[str, float | None]:
+    def _cached(self, token: dict[str, Any]) -> tuple[str, float | None]:
         """Return the access token and when it is renewed.
 
         Note: a quarter of its lifetime early, at most 30 s; one without ``expires_in`` is used
@@ -193,9 +213,12 @@ class TokenSource:
     def _discover_token_endpoint(self, client: OAuth2Client) -> str:
         document = None
         with contextlib.suppress(httpx.HTTPError):
-            response = client.request("GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True)
+            response = client.request(
+                "GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True
+            )
             if response.status_code == 200:
-                document = json_or_none(response.content, orjson.loads)  # orjson: nesting is bounded
+                # orjson: nesting is bounded
+                document = json_or_none(response.content, orjson.loads)
         endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)
@@ -210,15 +233,21 @@ class TokenSource:
         Why: another origin is allowed (Google's issuer names oauth2.googleapis.com): the issuer
         vouches for it.
         """
-        door = f"the token_endpoint named by the discovery document of oauth_issuer_uri {shown_url(self.issuer)}"
+        door = (
+            "the token_endpoint named by the discovery document of oauth_issuer_uri "
+            f"{shown_url(self.issuer)}"
+        )
         try:
             refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
         except CredentialsInUrlError as exc:
             raise self._refused(str(exc)) from None
-        if urlsplit(self.issuer).scheme.lower() == "https" and urlsplit(endpoint).scheme.lower() != "https":
+        if (
+            urlsplit(self.issuer).scheme.lower() == "https"
+            and urlsplit(endpoint).scheme.lower() != "https"
+        ):
             raise self._refused(
-                f"{door} is {shown_url(endpoint)}, which is not https: the client secret would be sent in clear text; "
-                f"{OAUTH_FIX} (its token endpoint must be https)"
+                f"{door} is {shown_url(endpoint)}, which is not https: the client secret would be "
+                f"sent in clear text; {OAUTH_FIX} (its token endpoint must be https)"
             )
         return endpoint
 
@@ -226,10 +255,19 @@ class TokenSource:
         """Read a token answer as sent, at most ``MAX_OAUTH_ANSWER_BYTES`` (response hook)."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
         if (problem := compressed_answer(response)) is not None:
-            raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
-        message = f"the answer from {source} is more than the {limit} read from an identity provider; {OAUTH_FIX}"
-        assert isinstance(response.stream, httpx.SyncByteStream), "the token client (authlib's OAuth2Client) is sync"
-        response.stream = CappedBody(response.stream, MAX_OAUTH_ANSWER_BYTES, lambda: self._refused(message))
+            raise self._refused(
+                f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)"
+            )
+        message = (
+            f"the answer from {source} is more than the {limit} read from an identity provider; "
+            f"{OAUTH_FIX}"
+        )
+        assert isinstance(response.stream, httpx.SyncByteStream), (
+            "the token client (authlib's OAuth2Client) is sync"
+        )
+        response.stream = CappedBody(
+            response.stream, MAX_OAUTH_ANSWER_BYTES, lambda: self._refused(message)
+        )
 
     def _refused(self, message: str) -> ServiceError:
         return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
@@ -245,12 +283,16 @@ class TokenSource:
         body = json_or_none(response.content)
         if isinstance(body, dict) and isinstance(error := body.get("error"), str):  # RFC 6749
             description = body.get("error_description")
-            text = truncate(f"{error}: {description}" if isinstance(description, str) else error, MAX_TEXT_CHARS)
+            text = truncate(
+                f"{error}: {description}" if isinstance(description, str) else error, MAX_TEXT_CHARS
+            )
         else:
             text = f"HTTP {response.status_code} {response.reason_phrase}"
         message = f"issuer {self.issuer}, client {self.client_id}: {text}"
         transient = is_transient_status(response.status_code)
-        raise ServiceError("fetch OAuth token", response.status_code, message, transient=transient, service="oauth")
+        raise ServiceError(
+            "fetch OAuth token", response.status_code, message, transient=transient, service="oauth"
+        )
 
 
 _token_sources: dict[tuple[str, str, str], TokenSource] = {}
@@ -262,7 +304,11 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
 
     Note: a changed secret gets its own.
     """
-    issuer, client_id, client_secret = auth.oauth_issuer_uri, auth.oauth_client_id, auth.oauth_client_secret
+    issuer, client_id, client_secret = (
+        auth.oauth_issuer_uri,
+        auth.oauth_client_id,
+        auth.oauth_client_secret,
+    )
     # AuthSettings refuses an OAuth block without all three
     assert issuer is not None and client_id is not None and client_secret is not None
     issuer, secret = issuer.rstrip("/"), client_secret.get_secret_value()
@@ -281,7 +327,9 @@ def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
-    def __init__(self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool):
+    def __init__(
+        self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool
+    ):
         self.service, self.origin = service, origin_of(base_url)
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
@@ -294,10 +342,12 @@ class ServiceAuth(httpx.Auth):
             if auth.api_key is not None:
                 self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
         self._issuer = None if self._tokens is None else self._tokens.issuer
-        self._query = httpx.URL(base_url).params  # a token in the configured URL's query, a credential too
+        # a token in the configured URL's query, a credential too
+        self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
-        self.issuer_setting: str | None = None  # the key of the OAuth issuer, named should nothing answer there
+        # the key of the OAuth issuer, named should nothing answer there
+        self.issuer_setting: str | None = None
 
     def trust(self, origin: Origin) -> None:
         """Send the credentials to ``origin`` as well (one the configuration approved)."""
@@ -306,13 +356,22 @@ class ServiceAuth(httpx.Auth):
     @property
     def schemes(self) -> list[str]:
         """The kinds of credentials attached, for logs and reprs (never their values)."""
-        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key or None)]
+        kinds = [
+            ("basic", self._basic),
+            ("oauth", self._tokens),
+            ("api-key", self._api_key or None),
+        ]
         return [name for name, configured in kinds if configured is not None]
 
     def __repr__(self) -> str:
-        return f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, schemes={self.schemes!r})"
+        return (
+            f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, "
+            f"schemes={self.schemes!r})"
+        )
 
-    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+    def sync_auth_flow(
+        self, request: httpx.Request
+    ) -> Generator[httpx.Request, httpx.Response, None]:
         if self._tokens is not None and not replayable(request):
             request.read()  # a 401 is answered by sending the same request again
         renewed = False
@@ -324,7 +383,9 @@ class ServiceAuth(httpx.Auth):
                 response = yield request
                 assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
                 if token is not None and response.status_code == 401 and not renewed:
-                    log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
+                    log.info(
+                        "%s answered 401; retrying once with a fresh OAuth token", self.service
+                    )
                     renewed, rejected = True, token
                     response.stream = UnreadBody(response.stream)
                     continue
@@ -336,7 +397,9 @@ class ServiceAuth(httpx.Auth):
                 visited.add(request.url)
                 response.stream = UnreadBody(response.stream)
 
-    def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
+    def _check_hop(
+        self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]
+    ) -> None:
         """Refuse a loop, a Location with user info, and redirecting a request with a body.
 
         Why: the body is patient data or a CRTDL: a 301/302/303 would drop it, a 307/308 may hand
@@ -346,23 +409,35 @@ class ServiceAuth(httpx.Auth):
         if response.request.method not in ("GET", "HEAD"):
             raise self._refused_hop(
                 response,
-                f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
-                "service's URL in the configuration to the address it redirects to",
+                f"the server redirects to {target}; a request with a body is not sent on to "
+                "another address: set the service's URL in the configuration to the address it "
+                "redirects to",
             )
         door = f"the Location header of {response.request.method} {source}"
-        fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
+        fix = (
+            "the server redirects there; fix its configuration so that its redirects carry no "
+            "credentials"
+        )
         try:
             refuse_credentials_in_url(str(location), door=door, fix=fix)
         except CredentialsInUrlError as exc:
             raise self._refused_hop(response, str(exc)) from None
         if location in visited:
-            where = f"{source} redirects to itself" if source == target else f"{source} redirects back to {target}"
-            raise self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
+            where = (
+                f"{source} redirects to itself"
+                if source == target
+                else f"{source} redirects back to {target}"
+            )
+            raise self._refused_hop(
+                response, f"redirect loop: {where}; check the URL and the server's configuration"
+            )
 
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
-        return ServiceError(operation, response.status_code, message, transient=False, service=self.service)
+        return ServiceError(
+            operation, response.status_code, message, transient=False, service=self.service
+        )
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
         """Strip credentials a request to another origin carries (a request event hook).
@@ -374,7 +449,8 @@ class ServiceAuth(httpx.Auth):
             self._withhold(request)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
-        """Attach credentials for the service's origin, strip them for any other; returns the bearer token used."""
+        """Attach credentials for the service's origin, strip them for any other; returns the bearer
+        token used."""
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
@@ -395,4 +471,8 @@ class ServiceAuth(httpx.Auth):
         if self.schemes and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
             origins = (origin_text(origin), origin_text(self.origin))
-            log.info("%s: sending no credentials to %s (not the service origin %s)", self.service, *origins)
+            log.info(
+                "%s: sending no credentials to %s (not the service origin %s)",
+                self.service,
+                *origins,
+            )

@@ -22,9 +22,12 @@ from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
 MB = 1024 * 1024
-UPLOAD_PIECE = MB  # a request body goes out in pieces of this size, the deadline checked before each
-OWN_CONNECTION = {"Connection": "close"}  # for a connection its deadline can shut down (Deadline.watch)
-Body = Callable[[], Iterable[bytes]] | bytes  # its bytes, or a function making its pieces afresh for each send
+# a request body goes out in pieces of this size, the deadline checked before each
+UPLOAD_PIECE = MB
+# for a connection its deadline can shut down (Deadline.watch)
+OWN_CONNECTION = {"Connection": "close"}
+# its bytes, or a function making its pieces afresh for each send
+Body = Callable[[], Iterable[bytes]] | bytes
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body read and decoded here (``answered``)."""
 STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
@@ -64,7 +67,10 @@ class Deadline:
             self._sockets = []  # closed with the answer; nothing left to shut down
 
     def _note_connection(self, event: str, info: dict[str, Any]) -> None:
-        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
+        if event in (
+            "connection.connect_tcp.complete",
+            "connection.start_tls.complete",
+        ) and info.get("return_value"):
             with self._lock:
                 self._sockets.append(info["return_value"].get_extra_info("socket"))
             if self.passed():
@@ -79,9 +85,17 @@ class Deadline:
 
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
         source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
-        message = f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request"
+        message = (
+            f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one "
+            "request"
+        )
         return ServiceError(
-            operation, None, f"{message} ({self.setting})", transient=True, service=service, no_answer=True
+            operation,
+            None,
+            f"{message} ({self.setting})",
+            transient=True,
+            service=service,
+            no_answer=True,
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
@@ -98,7 +112,8 @@ class _Watchdog:
     """One thread per process that shuts down the connections of the deadlines that pass.
 
     Why:
-    - A timer thread per request cost each of the pseudonymizer's many small requests a thread start.
+    - A timer thread per request cost each of the pseudonymizer's many small requests a thread
+      start.
     """
 
     def __init__(self) -> None:
@@ -142,8 +157,9 @@ class ReplayableBody:
 
 
 class UnreadBody(httpx.SyncByteStream):
-    """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the next request;
-    this reads nothing, and closing it closes the connection (which cannot carry another request)."""
+    """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the
+    next request; this reads nothing, and closing it closes the connection (which cannot carry
+    another request)."""
 
     def __init__(self, stream: httpx.SyncByteStream):
         self._stream = stream
@@ -161,7 +177,9 @@ class CappedBody(httpx.SyncByteStream):
     Note: ``too_large()`` is raised once more comes.
     """
 
-    def __init__(self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]):
+    def __init__(
+        self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]
+    ):
         self._stream, self._limit, self._too_large = stream, limit, too_large
 
     def __iter__(self) -> Iterator[bytes]:
@@ -212,10 +230,16 @@ def answer_within(
     servers refuse.
     """
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
-    content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
+    content = (
+        None
+        if pieces is None
+        else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
+    )
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
     headers = {**declared, **(headers or {}), **OWN_CONNECTION}
-    built = http.build_request(method, url, content=content, headers=headers, extensions=deadline.watch(), **request)
+    built = http.build_request(
+        method, url, content=content, headers=headers, extensions=deadline.watch(), **request
+    )
     deadline.url = built.url
     try:
         response = http.send(built, stream=True)
@@ -233,11 +257,19 @@ def answer_within(
 
 def in_pieces(body: bytes) -> Iterator[bytes]:
     view = memoryview(body)
-    return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
+    return (
+        bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE)
+    )
 
 
 def answer_too_large(
-    size: str, limit: int, *, operation: str, service: str | None, hint: str, source: httpx.URL | None = None
+    size: str,
+    limit: int,
+    *,
+    operation: str,
+    service: str | None,
+    hint: str,
+    source: httpx.URL | None = None,
 ) -> ServiceError:
     answer = "the answer" if source is None else f"the answer from {shown_url(str(source))}"
     message = f"{answer} is {size}, more than the {size_text(limit)} read from this service; {hint}"
@@ -250,7 +282,11 @@ def declared_size(response: httpx.Response) -> int | None:
 
 
 def read_answer(
-    response: httpx.Response, limit: int, *, deadline: Deadline | None = None, **where: Unpack[TooLarge]
+    response: httpx.Response,
+    limit: int,
+    *,
+    deadline: Deadline | None = None,
+    **where: Unpack[TooLarge],
 ) -> bytes:
     """Read a streamed ``response``'s body, at most ``limit`` bytes of it.
 
@@ -276,7 +312,9 @@ def read_response(
     response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
 ) -> httpx.Response:
     """Read a streamed ``response`` as httpx would, but at most ``limit`` bytes of it."""
-    body = read_answer(response, limit, operation=operation, service=service, hint=hint, source=response.url)
+    body = read_answer(
+        response, limit, operation=operation, service=service, hint=hint, source=response.url
+    )
     return answered(response, body)
 
 
@@ -285,7 +323,13 @@ def answered(response: httpx.Response, body: bytes) -> httpx.Response:
 
     Note: without its framing headers; an error made of it says the server's reason phrase.
     """
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
-    answer = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
-    answer.extensions = {key: response.extensions[key] for key in STATUS_LINE if key in response.extensions}
+    headers = [
+        (k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS
+    ]
+    answer = httpx.Response(
+        response.status_code, headers=headers, content=body, request=response.request
+    )
+    answer.extensions = {
+        key: response.extensions[key] for key in STATUS_LINE if key in response.extensions
+    }
     return answer

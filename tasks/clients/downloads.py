@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-import httpcore
 import httpx
 import orjson
 
+from tasks.clients.body_reads import body_pieces
 from tasks.clients.bounds import declared_size
-from tasks.clients.errors import ServiceError, is_transient_network_error, is_transient_status, json_or_none
+from tasks.clients.errors import (
+    ServiceError,
+    is_transient_network_error,
+    is_transient_status,
+    json_or_none,
+)
 from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
@@ -45,8 +50,6 @@ NDJSON_ACCEPT = "application/fhir+ndjson"
 PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
 DEFAULT_MAX_FILES = 100_000
-READ_SIZE = 1 << 20
-DIRECT_READ_MIN_BYTES = 4 << 20  # a body this large is read off the socket itself (``body_pieces``)
 
 
 class DownloadError(StepError):
@@ -68,19 +71,24 @@ def safe_file_name(url: str, compress: bool) -> str:
     refused.
     """
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
-    segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])  # split before decoding: %2F, %3B are data
+    # split before decoding: %2F, %3B are data
+    segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])
     if problem := name_from_data_problem(segment):
         raise UnsafeFileNameError(
-            f"{shown_url(url)}: cannot use {show_name(segment)} as a file name in import/: it {problem}; "
-            "the URL must end with a plain file name"
+            f"{shown_url(url)}: cannot use {show_name(segment)} as a file name in import/: it "
+            f"{problem}; the URL must end with a plain file name"
         )
     try:
         return output_name(segment, compress)
     except UnsafeNameError as exc:
-        raise UnsafeFileNameError(f"{shown_url(url)}: {exc}; the server must list plain file names") from None
+        raise UnsafeFileNameError(
+            f"{shown_url(url)}: {exc}; the server must list plain file names"
+        ) from None
 
 
-def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
+def target_names(
+    urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES
+) -> dict[str, str]:
     """Map each URL to its file name in ``import/``.
 
     Note: two URLs on one name, or more than ``max_files`` URLs, are an error.
@@ -89,21 +97,28 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
     for count, url in enumerate(urls, start=1):
         if count > max_files:
             raise DownloadError(
-                f"the result lists more than {max_files:,} files, more than services.extractor.max_result_files "
-                "allows; check the extraction (raise the key if the result is really that large)"
+                f"the result lists more than {max_files:,} files, more than "
+                "services.extractor.max_result_files allows; check the extraction (raise the key "
+                "if the result is really that large)"
             )
         name = safe_file_name(url, compress)
         if (key := name_key(name)) in owners and owners[key][1] != url:
             raise DownloadError(
-                f"{shown_url(owners[key][1])} and {shown_url(url)} would both be saved as {name} (a file system that "
-                "ignores case takes them for one file); the server listed two files with the same name"
+                f"{shown_url(owners[key][1])} and {shown_url(url)} would both be saved as {name} "
+                "(a file system that ignores case takes them for one file); the server listed "
+                "two files with the same name"
             )
         owners[key] = (name, url)
     return {url: name for name, url in owners.values()}
 
 
 def wait_until_available(
-    client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = pause
+    client: httpx.Client,
+    url: str,
+    *,
+    checks: int,
+    interval: timedelta,
+    sleep: Callable[[float], None] = pause,
 ) -> None:
     """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched."""
     for check in range(checks):
@@ -113,8 +128,9 @@ def wait_until_available(
             sleep(interval.total_seconds())
     if checks > 0:
         raise FileNotReadyError(
-            f"{shown_url(url)} was still not available after {checks} checks {interval.total_seconds():g} s "
-            "apart; raise services.extractor.file_ready_retries or file_ready_interval, or run continue later"
+            f"{shown_url(url)} was still not available after {checks} checks "
+            f"{interval.total_seconds():g} s apart; raise services.extractor.file_ready_retries "
+            "or file_ready_interval, or run continue later"
         )
 
 
@@ -134,11 +150,14 @@ def is_available(client: httpx.Client, url: str) -> bool:
     if status < 400 or status == 416:  # 416: an empty file has no byte 0, but it exists
         return True
     raise DownloadError(
-        f"{shown_url(url)}: the availability check was answered HTTP {status}; check the credentials and the URL"
+        f"{shown_url(url)}: the availability check was answered HTTP {status}; check the "
+        "credentials and the URL"
     )
 
 
-def _probe_status(client: httpx.Client, method: str, url: str, headers: dict[str, str] | None = None) -> int | None:
+def _probe_status(
+    client: httpx.Client, method: str, url: str, headers: dict[str, str] | None = None
+) -> int | None:
     """Return the status of a request whose body is never read.
 
     Note: a server may ignore Range.
@@ -178,7 +197,11 @@ def download_ndjson(
     download = _Download(client, url, stall_timeout, *told, new_sink)
     try:
         return call_with_retry(
-            download.attempt, retry, operation=f"download {shown_url(url)}", service=service_name(client), sleep=sleep
+            download.attempt,
+            retry,
+            operation=f"download {shown_url(url)}",
+            service=service_name(client),
+            sleep=sleep,
         )
     finally:
         download.discard()
@@ -203,22 +226,38 @@ class _Download:
     _told: int = 0  # body bytes told to on_bytes
 
     def attempt(self) -> FileStats:
-        url, headers, timeout = self._url, {"Accept": NDJSON_ACCEPT}, http_timeout(self._stall_timeout)
+        url, headers, timeout = (
+            self._url,
+            {"Accept": NDJSON_ACCEPT},
+            http_timeout(self._stall_timeout),
+        )
         if self._received:
             headers["Range"] = f"bytes={self._received}-"
         with contextlib.ExitStack() as stack:
             try:
-                response = stack.enter_context(self._client.stream("GET", url, headers=headers, timeout=timeout))
+                response = stack.enter_context(
+                    self._client.stream("GET", url, headers=headers, timeout=timeout)
+                )
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
-            if response.status_code == 416 and self._received and content_range(response)[1] == self._received:
-                return self._finished()  # every byte had come; only the body's end was lost (a chunked body's last)
+            if (
+                response.status_code == 416
+                and self._received
+                and content_range(response)[1] == self._received
+            ):
+                # every byte had come; only the body's end was lost (a chunked body's last)
+                return self._finished()
             operation = f"download {shown_url(url)}"
-            raise_for_service_status(response, operation=operation, service=service_name(self._client))
+            raise_for_service_status(
+                response, operation=operation, service=service_name(self._client)
+            )
             check_response(response, url, resuming_at=self._received)
-            if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
+            # the whole file: a first attempt, or a server that ignored the Range
+            if response.status_code == 200:
                 self.discard()
-                if self._told:  # told of earlier attempts: taken back in one, so the bytes done never exceed the file
+                # told of earlier attempts: taken back in one, so the bytes done never exceed the
+                # file
+                if self._told:
                     self._progress(-self._told)
                 if (size := declared_size(response)) is not None:
                     self._on_total(size)
@@ -242,10 +281,13 @@ class _Download:
             raise _stalled(self._url, self._stall_timeout) from exc
         except httpx.TransportError as exc:
             message = (
-                f"the connection broke after {self._received:,} bytes of the file ({type(exc).__name__}: {exc}); "
-                "resumed from there while retry.max_attempts allows, then run continue to download it again"
+                f"the connection broke after {self._received:,} bytes of the file "
+                f"({type(exc).__name__}: {exc}); resumed from there while retry.max_attempts "
+                "allows, then run continue to download it again"
             )
-            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from exc
+            raise ServiceError(
+                f"download {shown_url(self._url)}", None, message, transient=True
+            ) from exc
 
     def _progress(self, amount: int) -> None:
         self._told += amount
@@ -255,72 +297,20 @@ class _Download:
         assert self._sink is not None
         try:
             return self._sink.finish()
-        except TruncatedLineError as exc:  # no Content-Length told the body was short: read it again
+        # no Content-Length told the body was short: read it again
+        except TruncatedLineError as exc:
             message = f"{exc} (the connection ended before the whole file arrived)"
-            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from None
+            raise ServiceError(
+                f"download {shown_url(self._url)}", None, message, transient=True
+            ) from None
         finally:
-            self.discard()  # the temporary file of a file that failed its last checks; nothing after the rename
+            # the temporary file of a file that failed its last checks; nothing after the rename
+            self.discard()
 
     def discard(self) -> None:
         if self._sink is not None:
             self._sink.discard()
         self._sink, self._received = None, 0
-
-
-def body_pieces(response: httpx.Response, read_timeout: float) -> Iterator[bytes]:
-    """Yield a streamed body in the pieces the socket gives, ``READ_SIZE`` at most.
-
-    Why: h11 and httpcore copy every byte four times under the GIL, about as long as the line check
-    takes; a body of ``DIRECT_READ_MIN_BYTES`` or more sent as it is (neither ``Transfer-Encoding``
-    nor ``Content-Encoding``) is read off the connection itself, which is then closed, not reused (a
-    new connection costs less than copying 4 MiB four times).
-    Note: the first piece is all that h11 holds of the body; the rest is still on the socket.
-    """
-    size, stream = declared_size(response), response.extensions.get("network_stream")
-    headers = response.headers
-    as_sent = "Transfer-Encoding" not in headers and "Content-Encoding" not in headers
-    if size is None or size < DIRECT_READ_MIN_BYTES or stream is None or not as_sent:
-        read_in_large_pieces(response)
-        yield from response.iter_bytes()
-        return
-    pieces = response.iter_bytes()
-    first = next(pieces, b"")
-    yield first
-    remaining = size - len(first)
-    while remaining > 0:
-        piece = _read(stream, min(READ_SIZE, remaining), read_timeout)
-        remaining -= len(piece)
-        yield piece
-
-
-def _read(stream: httpcore.NetworkStream, size: int, timeout: float) -> bytes:
-    """Read up to ``size`` bytes off ``stream``, failing as httpx does.
-
-    Note: no bytes at all is a body cut short.
-    """
-    try:
-        piece = stream.read(size, timeout)
-    except httpcore.TimeoutException as exc:
-        raise httpx.ReadTimeout(str(exc)) from exc
-    except httpcore.NetworkError as exc:
-        raise httpx.ReadError(str(exc)) from exc
-    if not piece:
-        raise httpx.RemoteProtocolError("the server closed the connection before the body's end")
-    return piece
-
-
-def read_in_large_pieces(response: httpx.Response) -> None:
-    """Let the connection take up to ``READ_SIZE`` bytes per socket read, not 64 KiB.
-
-    Why: a quarter of a download's CPU time went to handling httpcore's small pieces.
-    Note: httpcore has no option for it, so this sets private attributes; where they are missing
-    (another version, HTTP/2) the download runs with smaller pieces.
-    """
-    bound = getattr(response.stream, "_stream", None)
-    pooled = getattr(getattr(bound, "_httpcore_stream", None), "_stream", None)
-    connection = getattr(pooled, "_connection", None)
-    if connection is not None and isinstance(size := getattr(connection, "READ_NUM_BYTES", None), int):
-        connection.READ_NUM_BYTES = max(size, READ_SIZE)
 
 
 def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
@@ -332,18 +322,23 @@ def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> 
     if response.status_code == 206 and resuming_at and content_range(response)[0] != resuming_at:
         raise DownloadError(
             f"{shown_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
-            f"{response.headers.get('Content-Range', 'no Content-Range')!r}; run continue to download it again"
+            f"{response.headers.get('Content-Range', 'no Content-Range')!r}; run continue to "
+            "download it again"
         )
     if response.status_code != 200 and not (response.status_code == 206 and resuming_at):
-        raise DownloadError(f"{shown_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
+        raise DownloadError(
+            f"{shown_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}"
+        )
     if response.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/html":
-        raise DownloadError(f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
+        raise DownloadError(
+            f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL"
+        )
 
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
     return DownloadError(
-        f"{shown_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
-        "(services.extractor.download_stall_timeout); run continue to download it again"
+        f"{shown_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download "
+        "cancelled (services.extractor.download_stall_timeout); run continue to download it again"
     )
 
 
@@ -353,7 +348,9 @@ def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
     first, size = span.split("-", 1)[0], span.removeprefix("*/")
     if unit != "bytes":
         return None, None
-    return int(first) if first.isdigit() else None, int(size) if span.startswith("*/") and size.isdigit() else None
+    return int(first) if first.isdigit() else None, int(size) if span.startswith(
+        "*/"
+    ) and size.isdigit() else None
 
 
 class _Sink:
@@ -368,7 +365,8 @@ class _Sink:
         self._dest, self._decoder = dest, StreamDecoder(source)
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source, zstd_thread=True)
-        self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
+        # left by finish or discard: a sink spans attempts, no ``with`` block
+        self._writer.__enter__()
 
     def write(self, chunk: bytes) -> None:
         for data in self._decoder.feed(chunk):
@@ -391,7 +389,8 @@ class _Sink:
                 self._writer.write(data)
         except OSError as exc:
             raise DownloadError(
-                f"writing {self._dest} failed: {exc}; free space or fix permissions, then run continue"
+                f"writing {self._dest} failed: {exc}; free space or fix permissions, then run "
+                "continue"
             ) from exc
 
 
@@ -439,7 +438,10 @@ class FirstLineCheck:
 def _check_first_line(line: bytes, url: str) -> None:
     if line.startswith(b"<"):
         raise DownloadError(
-            f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL"
+            f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check "
+            "the URL"
         )
     if not isinstance(json_or_none(line, orjson.loads), dict):
-        raise DownloadError(f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)")
+        raise DownloadError(
+            f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)"
+        )

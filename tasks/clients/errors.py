@@ -1,22 +1,22 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
-truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
-when taken. The clients' part of the exception tree (the root's: ``tasks.core.errors``)::
+Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are
+taken over, truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when
+made, OperationOutcome texts when taken. The clients' part of the exception tree (the root's:
+``tasks.core.errors``)::
 
     DupflowError
     ├── ServiceError                a failed call: operation, HTTP status, transient or terminal
     │   ├── TransactionRejected     fhir_server
-    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError,
     │       CohortPreviewUnsupportedError                               extraction_jobs
     ├── ValidationServiceError      validator: a 2xx answer that is no OperationOutcome
     └── StepError
         ├── ExtractionError         extraction_documents
-        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
-        │   └── ExtractionTimeoutError, NoMatchingDataError, StatusUrlMismatchError
+        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError,
+        │   └── ExtractionTimeoutError, StatusUrlMismatchError
         ├── DownloadError           downloads: FileNotReadyError, UnsafeFileNameError
-        ├── PseudonymizationError   pseudonymizer: EntryTooLargeError
-        └── FlattenerError          flattener
+        └── PseudonymizationError   pseudonymizer: EntryTooLargeError
 """
 
 from __future__ import annotations
@@ -41,10 +41,14 @@ from tasks.core.url_credentials import shown_url
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
-BODY_LIMIT = "the body limit of the server (or of a proxy before it, such as nginx's client_max_body_size)"
-"""What a 413 asks to raise: a proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
+BODY_LIMIT = (
+    "the body limit of the server (or of a proxy before it, such as nginx's client_max_body_size)"
+)
+"""What a 413 asks to raise: a proxy answers for the service (nginx's 413 is an HTML page naming
+neither)."""
 SERVICE_SETTING = "dupflow.service_setting"
-"""The request extension naming the configuration key of the URL (or OAuth issuer) whose origin it goes to."""
+"""The request extension naming the configuration key of the URL (or OAuth issuer) whose origin it
+goes to."""
 
 
 class Call(TypedDict):
@@ -75,11 +79,18 @@ class ServiceError(DupflowError):
         no_answer: bool = False,
     ):
         self.service, self.retry_after, self.no_answer = service, retry_after, no_answer
-        # A service's own words come from outside: escape sequences, forged lines and bidi marks become spaces.
-        super().__init__(plain_text(redact(message)), operation=operation, status_code=status_code, transient=transient)
+        # A service's own words come from outside: escape sequences, forged lines and bidi marks
+        # become spaces.
+        super().__init__(
+            plain_text(redact(message)),
+            operation=operation,
+            status_code=status_code,
+            transient=transient,
+        )
         who = f"{service}: " if service else ""
         status = f" with HTTP {status_code}" if status_code is not None else ""
-        self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)  # what str() shows
+        # what str() shows
+        self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)
 
     def __repr__(self) -> str:
         return (
@@ -111,16 +122,23 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
     return isinstance(exc, cause_type)
 
 
-def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
+def network_error(
+    exc: httpx.TransportError, *, operation: str, service: str | None
+) -> ServiceError:
     """Turn a transport error into a ``ServiceError`` naming where and the fix."""
-    message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
+    message, transient = (
+        f"network error: {type(exc).__name__}: {exc}{where(exc)}",
+        is_transient_network_error(exc),
+    )
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
         message += "; only http and https URLs can be fetched"
     else:
         message += nothing_answers(exc)
-    return ServiceError(operation, None, message, transient=transient, service=service, no_answer=True)
+    return ServiceError(
+        operation, None, message, transient=transient, service=service, no_answer=True
+    )
 
 
 def nothing_answers(exc: httpx.TransportError) -> str:
@@ -129,16 +147,23 @@ def nothing_answers(exc: httpx.TransportError) -> str:
     Note: gives ``; nothing answers at <origin>: …`` naming ``SERVICE_SETTING``, not for a TLS
     handshake (something answered); "" otherwise.
     """
-    if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
+    if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(
+        exc, ssl.SSLError
+    ):
         return ""
     request = _request_of(exc)
     if request is None or not isinstance(setting := request.extensions.get(SERVICE_SETTING), str):
         return ""
-    return nothing_answers_at(f"{request.url.scheme}://{request.url.netloc.decode('ascii')}", setting)
+    return nothing_answers_at(
+        f"{request.url.scheme}://{request.url.netloc.decode('ascii')}", setting
+    )
 
 
 def nothing_answers_at(origin: str, setting: str) -> str:
-    return f"; nothing answers at {shown_url(origin)}: is the service running there, and is {setting} right?"
+    return (
+        f"; nothing answers at {shown_url(origin)}: is the service running there, and is "
+        f"{setting} right?"
+    )
 
 
 @contextmanager
@@ -153,7 +178,11 @@ def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
         origin = httpx.URL(url or "")
         if setting and (request := _request_of(exc)) is not None:
             failed = request.url  # httpx.URL leaves a default port out: None
-            if (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
+            if (failed.scheme, failed.host, failed.port) == (
+                origin.scheme,
+                origin.host,
+                origin.port,
+            ):
                 request.extensions[SERVICE_SETTING] = setting
         raise
 
@@ -171,7 +200,11 @@ def where(exc: httpx.TransportError) -> str:
 
 
 def error_from_response(
-    response: httpx.Response, *, body: bytes | None = None, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
+    response: httpx.Response,
+    *,
+    body: bytes | None = None,
+    hints: Mapping[int, str] | None = None,
+    **call: Unpack[Call],
 ) -> ServiceError:
     """Make a 4xx/5xx response's error from its ``body``, with the fix ``hints`` knows.
 
@@ -182,10 +215,15 @@ def error_from_response(
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
     if hint := (hints or {}).get(response.status_code):
         message = f"{message}; {hint}"
-    status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
+    status, retry_after = (
+        response.status_code,
+        parse_retry_after(response.headers.get("Retry-After")),
+    )
     transient = is_transient_status(status)
     operation, service = call["operation"], call["service"]
-    return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
+    return ServiceError(
+        operation, status, message, transient=transient, service=service, retry_after=retry_after
+    )
 
 
 def raise_for_service_status(
@@ -224,7 +262,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     for issue in as_array(outcome.get("issue")):
         if isinstance(issue, dict):
             details = issue.get("details")
-            for text in (issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None):
+            for text in (
+                issue.get("diagnostics"),
+                details.get("text") if isinstance(details, dict) else None,
+            ):
                 if isinstance(text, str) and text.strip():
                     texts.append(plain_text(truncate(redact(text.strip()), MAX_TEXT_CHARS)))
     return texts
@@ -238,7 +279,9 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
         return None
 
 
-def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
+def json_object(
+    response: httpx.Response, *, operation: str, service: str | None, hint: str
+) -> dict[str, Any]:
     """Parse a read answer's JSON object, else raise a terminal ``ServiceError``.
 
     Note: orjson bounds the nesting; the error never holds the body.
@@ -247,7 +290,9 @@ def json_object(response: httpx.Response, *, operation: str, service: str | None
     if isinstance(document, dict):
         return document
     found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
-    message = f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
+    message = (
+        f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
+    )
     raise ServiceError(operation, None, message, transient=False, service=service)
 
 

@@ -26,18 +26,21 @@ if TYPE_CHECKING:
 
 SERVICE = "extractor"
 BASE_URL_SETTING = "services.extractor.base_url"
-CRTDL_REFUSALS = {413: f"the CRTDL is larger than the extraction server accepts: raise {BODY_LIMIT}"}
+CRTDL_REFUSALS = {
+    413: f"the CRTDL is larger than the extraction server accepts: raise {BODY_LIMIT}"
+}
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
 ISSUES_EXTENSION_SUFFIXES = ("extractor-job-issues", "torch-job-issues")
-# A host in a scheme-less file URL: an IPv6 address in brackets, or labels of letters, digits and inner hyphens.
+# A host in a scheme-less file URL: an IPv6 address in brackets, or labels of letters, digits and
+# inner hyphens.
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 HOST = re.compile(rf"\[[0-9A-Fa-f:.]+\]|{_LABEL}(?:\.{_LABEL})*")
 NO_MATCHING_DATA = (
-    "the extraction finished without result files: no data matched the CRTDL. Typical causes: the cohort "
-    "criteria matched no patient, the time period is out of range of the data, or the cohort or a profile "
-    "is unknown to the server; check the CRTDL"
+    "the extraction finished without result files: no data matched the CRTDL. Typical causes: the "
+    "cohort criteria matched no patient, the time period is out of range of the data, or the "
+    "cohort or a profile is unknown to the server; check the CRTDL"
 )
 
 
@@ -55,8 +58,9 @@ class DeadHandleError(ExtractionError):
     def __init__(self, handle: ExtractionHandle, status_code: int):
         self.handle = handle
         super().__init__(
-            f"extraction job {handle.job_id} is gone from the extraction server (HTTP {status_code} on "
-            f"{shown_url(handle.status_url)})",  # an older record's URL may hold a secret
+            f"extraction job {handle.job_id} is gone from the extraction server (HTTP "
+            # an older record's URL may hold a secret
+            f"{status_code} on {shown_url(handle.status_url)})",
             status_code=status_code,
         )
 
@@ -67,12 +71,15 @@ class ExtractionCancelledError(ExtractionError):
     Note: a person's doing; nothing is lost.
     """
 
-    def __init__(self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"):
+    def __init__(
+        self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"
+    ):
         done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
         super().__init__(
-            f"extraction job {handle.job_id} was {done} on the extraction server (its status answered HTTP "
-            f"{status_code}, its Task says {job_status}); a {done} extraction is not submitted again on its own: to "
-            "extract anew, continue the job with --resubmit, or start a new job",
+            f"extraction job {handle.job_id} was {done} on the extraction server (its status "
+            f"answered HTTP {status_code}, its Task says {job_status}); a {done} extraction is "
+            "not submitted again on its own: to extract anew, continue the job with --resubmit, "
+            "or start a new job",
             status_code=status_code,
         )
 
@@ -85,11 +92,12 @@ class StatusUrlMismatchError(ExtractionError):
 
     def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
         super().__init__(
-            f"extraction job {handle.job_id}: its status URL {shown_url(handle.status_url)} answered HTTP "
-            f"{status_code}, but the server's Task API shows the job {show_name(job_status)}, so the URL does not lead "
-            "to it (the extraction server's own base URL may lack a proxy's path prefix); it is not submitted again. "
-            "Fix the server's base URL or the proxy, then continue the job with --attach and the job's status URL "
-            "(extraction show gives it), or with --resubmit to extract anew",
+            f"extraction job {handle.job_id}: its status URL {shown_url(handle.status_url)} "
+            f"answered HTTP {status_code}, but the server's Task API shows the job "
+            f"{show_name(job_status)}, so the URL does not lead to it (the extraction server's "
+            "own base URL may lack a proxy's path prefix); it is not submitted again. Fix the "
+            "server's base URL or the proxy, then continue the job with --attach and the job's "
+            "status URL (extraction show gives it), or with --resubmit to extract anew",
             status_code=status_code,
         )
 
@@ -101,15 +109,7 @@ def job_status_of(task: dict[str, Any]) -> str:
     return code if code is not None else str(task.get("status") or "unknown")
 
 
-class ExtractionFailedError(ExtractionError):
-    pass
-
-
 class ExtractionTimeoutError(ExtractionError):
-    pass
-
-
-class NoMatchingDataError(ExtractionError):
     pass
 
 
@@ -128,9 +128,10 @@ class ExtractionHandle:
         job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
         if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
             raise ExtractionError(
-                f"the status URL {shown_url(status_url)} names the extraction job {show_name(job_id)}, which "
-                f"{problem}; a job ID is stored and shown, so check where the URL came from (the server's "
-                "Content-Location, --attach, the job input or the job's job.json)"
+                f"the status URL {shown_url(status_url)} names the extraction job "
+                f"{show_name(job_id)}, which {problem}; a job ID is stored and shown, so check "
+                "where the URL came from (the server's Content-Location, --attach, the job input "
+                "or the job's job.json)"
             )
         return cls(status_url, job_id)
 
@@ -141,7 +142,9 @@ def base_url_of(settings: ExtractorSettings) -> str:
     Note: an ``ExtractionError`` when it is not set.
     """
     if not settings.base_url:
-        raise ExtractionError(f"{BASE_URL_SETTING} is not set; set it to the extraction server's URL")
+        raise ExtractionError(
+            f"{BASE_URL_SETTING} is not set; set it to the extraction server's URL"
+        )
     return settings.base_url.rstrip("/")
 
 
@@ -153,15 +156,22 @@ def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
     try:
         crtdl = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidCrtdlError(f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted") from exc
+        raise InvalidCrtdlError(
+            f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted"
+        ) from exc
     if not isinstance(crtdl, dict):
-        raise InvalidCrtdlError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
+        raise InvalidCrtdlError(
+            f"invalid CRTDL {source}: expected a JSON object; nothing was submitted"
+        )
     return crtdl
 
 
 def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
     data = base64.b64encode(crtdl).decode("ascii")
-    return {"resourceType": "Parameters", "parameter": [{"name": "crtdl", "valueBase64Binary": data}]}
+    return {
+        "resourceType": "Parameters",
+        "parameter": [{"name": "crtdl", "valueBase64Binary": data}],
+    }
 
 
 def progress_values(task: Any) -> dict[str, Any]:
@@ -174,7 +184,10 @@ def progress_values(task: Any) -> dict[str, Any]:
             values: dict[str, Any] = {"activeBatch": ()}
             for sub in as_objects(extension.get("extension")):
                 if sub.get("url") == "activeBatch":
-                    parts = {str(p.get("url")): p.get("valueString") for p in as_objects(sub.get("extension"))}
+                    parts = {
+                        str(p.get("url")): p.get("valueString")
+                        for p in as_objects(sub.get("extension"))
+                    }
                     values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
                 elif isinstance(sub.get("valueInteger"), int) and isinstance(sub.get("url"), str):
                     values[sub["url"]] = sub["valueInteger"]
@@ -218,34 +231,46 @@ def requires_access_token(document: Any) -> bool:
 def result_urls(document: Any, max_files: int) -> list[str]:
     """Return the file URLs of a completed job.
 
-    Note: none is a ``NoMatchingDataError`` with the server's errors; more than ``max_files``
+    Note: none is a ``ExtractionError`` with the server's errors; more than ``max_files``
     entries are refused before any is taken.
     """
     key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
     if (entries := len(as_array(as_object(document).get(key)))) > max_files:
         raise ExtractionError(
             f"the completed extraction's manifest lists {entries:,} entries, more than "
-            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
-            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
+            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a "
+            "smaller cohort or fewer attribute groups per CRTDL), or raise max_result_files if "
+            "the files really are wanted"
         )
     if not isinstance((manifest := _as_manifest(document)).get("output"), list):
-        raise ExtractionError("the completed extraction's answer is neither a manifest nor a Parameters resource")
-    if urls := [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]:
+        raise ExtractionError(
+            "the completed extraction's answer is neither a manifest nor a Parameters resource"
+        )
+    if urls := [
+        o["url"]
+        for o in manifest["output"]
+        if isinstance(o, dict) and isinstance(o.get("url"), str)
+    ]:
         return urls
     errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
     for extension in as_objects(manifest.get("extension")):
         if str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
             errors += [_issue_text(issue) for issue in as_objects(extension.get("valueObject"))]
     if errors := [e for e in errors if e]:
-        raise NoMatchingDataError(
-            "the extraction finished without result files; the server reported: " + "; ".join(errors)
+        raise ExtractionError(
+            "the extraction finished without result files; the server reported: "
+            + "; ".join(errors)
         )
-    raise NoMatchingDataError(NO_MATCHING_DATA)
+    raise ExtractionError(NO_MATCHING_DATA)
 
 
 def _error_entry_text(entry: Any) -> str:
     if isinstance(entry, dict):
-        return f"error file {shown_url(entry['url'])}" if isinstance(entry.get("url"), str) else json.dumps(entry)[:500]
+        return (
+            f"error file {shown_url(entry['url'])}"
+            if isinstance(entry.get("url"), str)
+            else json.dumps(entry)[:500]
+        )
     return str(entry)
 
 

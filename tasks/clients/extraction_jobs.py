@@ -20,9 +20,22 @@ import httpx
 from tasks.core.json_shapes import as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
-from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
+from tasks.clients.extraction_documents import (
+    SERVICE,
+    TASK_TIMEOUT,
+    ExtractionError,
+    base_url_of,
+    job_status_of,
+)
 from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, progress_values
-from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout, without_query
+from tasks.clients.http import (
+    FHIR_JSON,
+    FHIR_JSON_HEADERS,
+    ServiceClient,
+    ServiceEndpoint,
+    http_timeout,
+    without_query,
+)
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
@@ -36,21 +49,31 @@ UNFINISHED_STATUSES = ("PENDING", *RUNNING_STATUSES, "PAUSED", "TEMP_FAILED")
 JOB_STATUSES = (*UNFINISHED_STATUSES, "COMPLETED", "FAILED", "CANCELLED")
 HIGH_TASK_PRIORITIES = frozenset({"asap", "stat", "urgent"})
 TASK_PRIORITY_FOR = {"high": "asap", "normal": "routine"}
-# A stale If-Match answers 409 in the spec and 412 on the real server: the version moved on, read it again.
+# A stale If-Match answers 409 in the spec and 412 on the real server: the version moved on, read it
+# again.
 STALE_VERSION = (409, 412)
 PRIORITY_ATTEMPTS = 5
 COHORT_PREVIEW_TIMEOUT = timedelta(minutes=10)
 CONSENT_AUDIT_TEXT = "Consent audit NDJSON"
 MAX_TASK_ANSWER_BYTES = 32 * MB
-"""The most of a Task API answer that is read: a Task is a few KB, so this holds a search over thousands of jobs."""
+"""The most of a Task API answer that is read: a Task is a few KB, so this holds a search over
+thousands of jobs."""
 MAX_COHORT_ANSWER_BYTES = 64 * MB
-"""The most of a cohort preview (a List) that is read: about 60 bytes per patient, room for some 1,000,000."""
+"""The most of a cohort preview (a List) that is read: about 60 bytes per patient, room for some
+1,000,000."""
 TOO_MANY_JOBS = (
-    "list fewer jobs (extraction list --status or --id) or delete old ones; or check services.extractor.base_url"
+    "list fewer jobs (extraction list --status or --id) or delete old ones; or check "
+    "services.extractor.base_url"
 )
-TOO_LARGE_COHORT = "the cohort is too large to preview; start the extraction, or check services.extractor.base_url"
-NOT_THE_SERVER = "check that services.extractor.base_url points at the extraction server (not a proxy or login page)"
-# Per operation: the states the job ends in (already there means nothing to do) and why a 409 happens.
+TOO_LARGE_COHORT = (
+    "the cohort is too large to preview; start the extraction, or check services.extractor.base_url"
+)
+NOT_THE_SERVER = (
+    "check that services.extractor.base_url points at the extraction server (not a proxy or login "
+    "page)"
+)
+# Per operation: the states the job ends in (already there means nothing to do) and why a 409
+# happens.
 CONTROL_OPERATIONS = {
     "pause": ({"PAUSED"}, "only running jobs can be paused"),
     "resume": (set(RUNNING_STATUSES), "only paused jobs can be resumed"),
@@ -78,18 +101,18 @@ class SearchRejectedError(ServiceError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__("search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE)
-
-
-class VersionConflictError(ServiceError):
-    """The Task's version kept moving while we tried to change its priority."""
+        super().__init__(
+            "search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE
+        )
 
 
 class CohortPreviewUnsupportedError(ServiceError):
     """The server has no $evaluate-cohort (older servers answer 404)."""
 
 
-def refused(operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError) -> ServiceError:
+def refused(
+    operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError
+) -> ServiceError:
     """Make a terminal error of this server: ``kind`` with operation, status, message."""
     return kind(operation, status, message, transient=False, service=SERVICE)
 
@@ -157,9 +180,13 @@ class CohortPreview:
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
     outputs = [o for o in as_objects(task.get("output")) if isinstance(o.get("valueUrl"), str)]
-    urls = tuple(o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT)
+    urls = tuple(
+        o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT
+    )
     for url in urls:
-        refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
+        refuse_credentials_in_url(
+            url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX
+        )
     return urls
 
 
@@ -179,7 +206,11 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     if not isinstance(document, dict) or document.get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
     items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
-    return tuple(ref.removeprefix("Patient/") for item in items if isinstance(ref := item.get("reference"), str))
+    return tuple(
+        ref.removeprefix("Patient/")
+        for item in items
+        if isinstance(ref := item.get("reference"), str)
+    )
 
 
 class ExtractionTaskClient(ServiceClient):
@@ -188,7 +219,9 @@ class ExtractionTaskClient(ServiceClient):
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
         self.base_url = without_query(base_url_of(settings))
         timeout = http_timeout(TASK_TIMEOUT)
-        endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
+        endpoint = ServiceEndpoint(
+            SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING
+        )
         super().__init__(endpoint, tls, retry)
 
     def search(
@@ -198,19 +231,31 @@ class ExtractionTaskClient(ServiceClient):
 
         Note: a refusal raises ``SearchRejectedError``.
         """
-        params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
+        params = {
+            name: ",".join(values)
+            for name, values in (("_id", ids), ("status", statuses))
+            if values
+        }
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
-            request: dict[str, Any] = {"params": params, "headers": headers, "max_answer_bytes": MAX_TASK_ANSWER_BYTES}
+            request: dict[str, Any] = {
+                "params": params,
+                "headers": headers,
+                "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
+            }
             request["too_large_hint"] = TOO_MANY_JOBS
-            response = self.request("GET", "/fhir/Task", operation="search extraction jobs", **request)
+            response = self.request(
+                "GET", "/fhir/Task", operation="search extraction jobs", **request
+            )
         except ServiceError as exc:
             if exc.status_code == 400:
                 raise SearchRejectedError(exc.message.split("; ")) from exc
             raise
         bundle = document_of(response, "search extraction jobs")
         tasks = [
-            entry["resource"] for entry in as_objects(bundle.get("entry")) if isinstance(entry.get("resource"), dict)
+            entry["resource"]
+            for entry in as_objects(bundle.get("entry"))
+            if isinstance(entry.get("resource"), dict)
         ]
         return [ExtractionJob.from_task(task) for task in tasks]
 
@@ -238,11 +283,15 @@ class ExtractionTaskClient(ServiceClient):
                 raise
             if (now := self.job(job_id)).status in target:
                 return ControlResult(now, changed=False)
-            raise TransitionRefusedError(action, f"job {job_id} is {now.status}; {rule}", now.status) from exc
+            raise TransitionRefusedError(
+                action, f"job {job_id} is {now.status}; {rule}", now.status
+            ) from exc
         job = ExtractionJob.from_task(document_of(response, action))
         return ControlResult(job, changed=True)
 
-    def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
+    def set_priority(
+        self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS
+    ) -> ControlResult:
         """Set the Task's priority (``high`` or ``normal``) with ``If-Match``.
 
         Note: reads the Task and PUTs it with ``If-Match: W/"<versionId>"``; on a stale version
@@ -259,16 +308,22 @@ class ExtractionTaskClient(ServiceClient):
             except ServiceError as exc:
                 if exc.status_code not in STALE_VERSION:
                     raise
-                log.info("extractor: job %s changed while setting its priority; reading it again", job_id)
+                log.info(
+                    "extractor: job %s changed while setting its priority; reading it again", job_id
+                )
                 continue
             return ControlResult(self._updated_job(job_id, response), changed=True)
         message = (
-            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as batches "
-            "finished); try again"
+            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as "
+            "batches finished); try again"
         )
-        raise VersionConflictError("set extraction job priority", None, message, transient=True, service=SERVICE)
+        raise ServiceError(
+            "set extraction job priority", None, message, transient=True, service=SERVICE
+        )
 
-    def _put_priority(self, job_id: str, task: dict[str, Any], priority: str, version: str | None) -> httpx.Response:
+    def _put_priority(
+        self, job_id: str, task: dict[str, Any], priority: str, version: str | None
+    ) -> httpx.Response:
         """PUT the full Task the server needs, with ``If-Match``.
 
         Note: resourceType, id, status, intent, priority; only priority is read. A 428 (If-Match
@@ -276,15 +331,21 @@ class ExtractionTaskClient(ServiceClient):
         """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        content, headers = json.dumps(update).encode(), {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
+        content, headers = (
+            json.dumps(update).encode(),
+            {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
+        )
         operation = "set extraction job priority"
         try:
-            return self._job_request("PUT", job_id, "", operation=operation, content=content, headers=headers)
+            return self._job_request(
+                "PUT", job_id, "", operation=operation, content=content, headers=headers
+            )
         except ServiceError as exc:
             if exc.status_code != 428:
                 raise
             message = (
-                "the server says If-Match is missing, but dupflow sent it; this is a bug in dupflow, please report it"
+                "the server says If-Match is missing, but dupflow sent it; this is a bug in "
+                "dupflow, please report it"
             )
             raise refused(exc.operation, 428, message) from exc
 
@@ -299,45 +360,68 @@ class ExtractionTaskClient(ServiceClient):
         except ServiceError as exc:
             if exc.status_code != 500:
                 raise
-            message = f"the server could not remove the result files of job {job_id} ({exc.message})"
+            message = (
+                f"the server could not remove the result files of job {job_id} ({exc.message})"
+            )
             message += "; check the server's disk and logs, then delete again"
             raise refused(exc.operation, 500, message) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
-        request: dict[str, Any] = {"timeout": http_timeout(COHORT_PREVIEW_TIMEOUT), "status_hints": CRTDL_REFUSALS}
+        request: dict[str, Any] = {
+            "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT),
+            "status_hints": CRTDL_REFUSALS,
+        }
         request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
         request["headers"] = {"Content-Type": "application/json", "Accept": FHIR_JSON}
         try:
             response = self.request(
-                "POST", "/fhir/$evaluate-cohort", operation="preview cohort", content=crtdl, **request
+                "POST",
+                "/fhir/$evaluate-cohort",
+                operation="preview cohort",
+                content=crtdl,
+                **request,
             )
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
                 raise
             message = (
-                f"the extraction server at {self.base_url} does not support cohort preview ($evaluate-cohort "
-                "exists only in newer servers)"
+                f"the extraction server at {self.base_url} does not support cohort preview "
+                "($evaluate-cohort exists only in newer servers)"
             )
-            raise refused("preview cohort", exc.status_code, message, CohortPreviewUnsupportedError) from exc
+            raise refused(
+                "preview cohort", exc.status_code, message, CohortPreviewUnsupportedError
+            ) from exc
         return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
-        self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs: Any
+        self,
+        method: str,
+        job_id: str,
+        suffix: str,
+        *,
+        operation: str,
+        once: bool = False,
+        **kwargs: Any,
     ) -> httpx.Response:
         """Send a request about one job (retried unless ``once``), its answer read bounded.
 
         Note: a 404 becomes ``JobNotFoundError``.
         Why: the id is one path segment, escaped: it may come from a job.json or a person.
         """
-        bounds: dict[str, Any] = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
+        bounds: dict[str, Any] = {
+            "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
+            "too_large_hint": NOT_THE_SERVER,
+        }
         path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
             return self.request(method, path, operation=operation, once=once, **bounds, **kwargs)
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise
-            raise refused(operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError) from exc
+            raise refused(
+                operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError
+            ) from exc
 
     def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
         """Return the Task of a successful PUT.

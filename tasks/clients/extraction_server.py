@@ -20,15 +20,49 @@ import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
-from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
+from tasks.clients.errors import (
+    error_from_response,
+    is_transient_network_error,
+    is_transient_status,
+    network_error,
+)
 from tasks.clients.errors import Call, first_bytes, nothing_answers, where as failed_at
-from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
-from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
-from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
+from tasks.clients.errors import (
+    ServiceError,
+    operation_outcome_texts,
+    parse_retry_after,
+    raise_for_service_status,
+)
+from tasks.clients.extraction_documents import (
+    SERVICE,
+    DeadHandleError,
+    ExtractionCancelledError,
+    ExtractionError,
+)
+from tasks.clients.extraction_documents import (
+    ExtractionHandle,
+    ExtractionTimeoutError,
+)
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
-from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
-from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, StatusUrlMismatchError
-from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout, without_query
+from tasks.clients.extraction_documents import (
+    job_status_of,
+    requires_access_token,
+    resolve_file_url,
+    result_urls,
+)
+from tasks.clients.extraction_documents import (
+    BASE_URL_SETTING,
+    CRTDL_REFUSALS,
+    StatusUrlMismatchError,
+)
+from tasks.clients.http import (
+    FHIR_JSON_HEADERS,
+    Closing,
+    ServiceEndpoint,
+    build_client,
+    http_timeout,
+    without_query,
+)
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
@@ -43,17 +77,22 @@ log = logging.getLogger("dupflow.extractor")
 SUBMIT_PATH = "/fhir/$extract-data"
 SUBMIT_TIMEOUT = timedelta(seconds=60)
 POLL_TIMEOUT = timedelta(seconds=30)
-# A completed job's manifest: ~150 bytes per output entry, so 32 MiB holds over 200,000 entries (more than the
-# default services.extractor.max_result_files of 100,000) and is refused long before it costs much memory.
+# A completed job's manifest: ~150 bytes per output entry, so 32 MiB holds over 200,000 entries
+# (more than the default services.extractor.max_result_files of 100,000) and is refused long before
+# it costs much memory.
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 # Any other status answer (progress, errors): only its first MiB is read.
 MAX_STATUS_BODY_BYTES = 1024 * 1024
-# One status poll (or Task read) in all, at most: a status answer is a few KB, a manifest at most MAX_MANIFEST_BYTES.
+# One status poll (or Task read) in all, at most: a status answer is a few KB, a manifest at most
+# MAX_MANIFEST_BYTES.
 POLL_DEADLINE = timedelta(minutes=2)
-POLL_DEADLINE_SETTING = "a status poll's deadline, 2 minutes or services.extractor.extraction_timeout if shorter"
+POLL_DEADLINE_SETTING = (
+    "a status poll's deadline, 2 minutes or services.extractor.extraction_timeout if shorter"
+)
 STATUS_ACCEPT = {"Accept": "application/json"}
 TASK_ACCEPT = {"Accept": "application/fhir+json"}
-STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")  # a Task's JobStatus code, or its FHIR status
+# a Task's JobStatus code, or its FHIR status
+STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")
 
 
 @dataclass(frozen=True)
@@ -82,14 +121,20 @@ class ExtractionServerClient(Closing):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = pause,
     ):
-        self.settings, self.base_url = settings, without_query(base_url_of(settings))  # its query: the endpoint's
+        # its query: the endpoint's
+        self.settings, self.base_url = settings, without_query(base_url_of(settings))
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
-        endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
+        endpoint = ServiceEndpoint(
+            SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING
+        )
         self.http = build_client(endpoint, tls)
-        assert isinstance(self.http.auth, ServiceAuth), "build_client gives every client a ServiceAuth"
+        assert isinstance(self.http.auth, ServiceAuth), (
+            "build_client gives every client a ServiceAuth"
+        )
         self._auth = self.http.auth
-        self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
+        # the manifest's requiresAccessToken, once the job is complete
+        self.files_need_token = False
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
         """POST $extract-data exactly once.
@@ -99,14 +144,27 @@ class ExtractionServerClient(Closing):
         Note: only the answer's status and Content-Location are read (of an error answer the first
         MiB, for its diagnostics).
         """
-        where: Call = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
-        content, timeout = json.dumps(kickoff_parameters(crtdl)).encode(), http_timeout(SUBMIT_TIMEOUT)
+        where: Call = {
+            "operation": f"submit extraction to {shown_url(self.base_url)}",
+            "service": SERVICE,
+        }
+        content, timeout = (
+            json.dumps(kickoff_parameters(crtdl)).encode(),
+            http_timeout(SUBMIT_TIMEOUT),
+        )
 
         def attempt() -> ExtractionHandle:
             deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
             url = self.base_url + SUBMIT_PATH
             with answer_within(
-                self.http, deadline, "POST", url, body=content, headers=FHIR_JSON_HEADERS, timeout=timeout, **where
+                self.http,
+                deadline,
+                "POST",
+                url,
+                body=content,
+                headers=FHIR_JSON_HEADERS,
+                timeout=timeout,
+                **where,
             ) as answer:
                 raise_for_service_status(answer, **where, hints=CRTDL_REFUSALS)
                 return kicked_off(answer)
@@ -137,11 +195,13 @@ class ExtractionServerClient(Closing):
             silent_for = self.clock() - last_contact
             if silent_for >= window:
                 raise ExtractionTimeoutError(
-                    f"extraction timeout: the extraction server gave no 200/202 answer for job {handle.job_id} for "
-                    f"{window:g} s (services.extractor.extraction_timeout). The job may still run: "
-                    "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
+                    "extraction timeout: the extraction server gave no 200/202 answer for job "
+                    f"{handle.job_id} for {window:g} s (services.extractor.extraction_timeout). "
+                    "The job may still run: continue re-attaches to it; raise "
+                    "services.extractor.extraction_timeout if the server is slow"
                 )
-            wait = interval if retry_after is None else max(retry_after, interval)  # "Retry-After: 0" is no storm
+            # "Retry-After: 0" is no storm
+            wait = interval if retry_after is None else max(retry_after, interval)
             self.sleep(min(wait, cap, window - silent_for))
             interval = min(interval * 2, cap)
 
@@ -155,7 +215,9 @@ class ExtractionServerClient(Closing):
         deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
         where: Call = {"operation": "poll extraction status", "service": SERVICE}
         try:
-            with answer_within(self.http, deadline, "GET", handle.status_url, headers=STATUS_ACCEPT, **where) as answer:
+            with answer_within(
+                self.http, deadline, "GET", handle.status_url, headers=STATUS_ACCEPT, **where
+            ) as answer:
                 return bounded_answer(answer)
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
@@ -166,7 +228,11 @@ class ExtractionServerClient(Closing):
             if not exc.transient:
                 raise
             failure = exc.message
-        log.warning("extractor: status poll of job %s failed (%s); polling again", handle.job_id, plain_text(failure))
+        log.warning(
+            "extractor: status poll of job %s failed (%s); polling again",
+            handle.job_id,
+            plain_text(failure),
+        )
         return None
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
@@ -180,26 +246,37 @@ class ExtractionServerClient(Closing):
         if status == 500:
             texts = operation_outcome_texts(response.content)
             reason = "; ".join(texts) if texts else "the server gave no reason"
-            raise ExtractionFailedError(
-                f"extraction job {handle.job_id} failed on the extraction server (HTTP 500): {reason}. "
-                "Fix the cause, then start a new job"
+            raise ExtractionError(
+                f"extraction job {handle.job_id} failed on the extraction server (HTTP 500): "
+                f"{reason}. Fix the cause, then start a new job"
             )
         if is_transient_status(status):
-            log.warning("extractor: status poll of job %s answered HTTP %d; polling again", handle.job_id, status)
+            log.warning(
+                "extractor: status poll of job %s answered HTTP %d; polling again",
+                handle.job_id,
+                status,
+            )
             return
         foreign, home = origin_of(handle.status_url), origin_of(self.base_url)
-        if status in (401, 403) and foreign != home and self._auth.schemes:  # it got no credentials, by design
+        # it got no credentials, by design
+        if status in (401, 403) and foreign != home and self._auth.schemes:
             message = (
                 f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on "
-                f"{origin_text(foreign)}, not on the origin of services.extractor.base_url ({origin_text(home)}), and "
-                "dupflow sends the credentials only there. Have the extraction server name its status URLs under the "
-                "address dupflow uses (TORCH: torch.base.url), or set services.extractor.base_url to the server's "
-                "address; then continue the job (--attach STATUS_URL follows the job at a status URL under base_url)"
+                f"{origin_text(foreign)}, not on the origin of services.extractor.base_url "
+                f"({origin_text(home)}), and dupflow sends the credentials only there. Have the "
+                "extraction server name its status URLs under the address dupflow uses (TORCH: "
+                "torch.base.url), or set services.extractor.base_url to the server's address; "
+                "then continue the job (--attach STATUS_URL follows the job at a status URL "
+                "under base_url)"
             )
-            raise ServiceError("poll extraction status", status, message, transient=False, service=SERVICE)
+            raise ServiceError(
+                "poll extraction status", status, message, transient=False, service=SERVICE
+            )
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
-        raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
+        raise ExtractionError(
+            f"poll extraction status: unexpected HTTP {status} from {handle.status_url}"
+        )
 
     def _task_status(self, handle: ExtractionHandle) -> str | None:
         """Return the job's state as its Task shows it, else None.
@@ -213,24 +290,43 @@ class ExtractionServerClient(Closing):
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
         try:
-            with answer_within(self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where) as answer:
-                task = json.loads(bounded_answer(answer).content) if answer.status_code == 200 else None
-        except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):  # ExtractionError: over the manifest bound
+            with answer_within(
+                self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where
+            ) as answer:
+                task = (
+                    json.loads(bounded_answer(answer).content)
+                    if answer.status_code == 200
+                    else None
+                )
+        # ExtractionError: over the manifest bound
+        except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):
             return None
-        return job_status_of(task) if isinstance(task, dict) and task.get("resourceType") == "Task" else None
+        return (
+            job_status_of(task)
+            if isinstance(task, dict) and task.get("resourceType") == "Task"
+            else None
+        )
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
         try:
-            document = orjson.loads(response.content)  # orjson bounds the nesting depth (json recurses)
+            # orjson bounds the nesting depth (json recurses)
+            document = orjson.loads(response.content)
         except (orjson.JSONDecodeError, RecursionError) as exc:
             raise ExtractionError(
-                "the completed extraction's answer is not JSON (or nested deeper than JSON's sane limits); "
-                "cannot find the result files"
+                "the completed extraction's answer is not JSON (or nested deeper than JSON's sane "
+                "limits); cannot find the result files"
             ) from exc
-        refuse_credentials_in_url(manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX)
-        urls = [resolve_file_url(self.base_url, url) for url in result_urls(document, self.settings.max_result_files)]
+        refuse_credentials_in_url(
+            manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX
+        )
+        urls = [
+            resolve_file_url(self.base_url, url)
+            for url in result_urls(document, self.settings.max_result_files)
+        ]
         for url in urls:
-            refuse_credentials_in_url(url, door="a result file URL of the manifest", fix=SERVER_URL_FIX)
+            refuse_credentials_in_url(
+                url, door="a result file URL of the manifest", fix=SERVER_URL_FIX
+            )
         if requires_access_token(document):
             self.trust_file_origins(urls)
         return urls
@@ -248,10 +344,12 @@ class ExtractionServerClient(Closing):
                 continue
             if origin not in allowed:
                 raise ExtractionError(
-                    f"the extraction server says its result files need an access token (requiresAccessToken), but "
-                    f"they are on {origin_text(origin)}, another origin than services.extractor.base_url; dupflow "
-                    f"sends credentials only where you approve: add {origin_text(origin)} to "
-                    "services.extractor.file_origins if that file server is yours, then continue the job"
+                    "the extraction server says its result files need an access token "
+                    f"(requiresAccessToken), but they are on {origin_text(origin)}, another "
+                    "origin than services.extractor.base_url; dupflow sends credentials only "
+                    f"where you approve: add {origin_text(origin)} to "
+                    "services.extractor.file_origins if that file server is yours, then continue "
+                    "the job"
                 )
             self._auth.trust(origin)
 
@@ -263,15 +361,20 @@ def kicked_off(response: httpx.Response) -> ExtractionHandle:
     """
     if response.status_code not in (200, 202):
         raise ExtractionError(
-            f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
+            f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or "
+            "202"
         )
     if not (location := response.headers.get("Content-Location")):
         raise ExtractionError(
-            "submit extraction: the server accepted the request but sent no Content-Location header, so the "
-            "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
+            "submit extraction: the server accepted the request but sent no Content-Location "
+            "header, so the job cannot be followed; check base_url points at the extraction "
+            "server (not a proxy page)"
         )
     refuse_credentials_in_url(
-        location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX, tokens=True
+        location,
+        door="the kick-off answer's Content-Location header",
+        fix=SERVER_URL_FIX,
+        tokens=True,
     )
     return ExtractionHandle.from_status_url(str(response.url.join(location)))
 
@@ -279,7 +382,8 @@ def kicked_off(response: httpx.Response) -> ExtractionHandle:
 def progress(response: httpx.Response) -> PollProgress:
     """Return an in-progress answer's X-Progress header, else its diagnostics."""
     return PollProgress(
-        response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
+        response.headers.get("X-Progress")
+        or next(iter(operation_outcome_texts(response.content)), None)
     )
 
 
@@ -301,8 +405,8 @@ def bounded_answer(response: httpx.Response) -> httpx.Response:
 
 def manifest_too_large(size: str) -> ExtractionError:
     return ExtractionError(
-        f"the completed extraction's manifest is {size}, over the limit of {MAX_MANIFEST_BYTES:,} bytes "
-        "(tasks.clients.extraction_server.MAX_MANIFEST_BYTES, room for well over 100,000 result files); the job "
-        "lists too many files to download sensibly: split the extraction (a smaller cohort or fewer attribute "
-        "groups per CRTDL) or check the server"
+        f"the completed extraction's manifest is {size}, over the limit of {MAX_MANIFEST_BYTES:,} "
+        "bytes (tasks.clients.extraction_server.MAX_MANIFEST_BYTES, room for well over 100,000 "
+        "result files); the job lists too many files to download sensibly: split the extraction "
+        "(a smaller cohort or fewer attribute groups per CRTDL) or check the server"
     )

@@ -17,9 +17,21 @@ import orjson
 from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, first_bytes, error_from_response, json_or_none
+from tasks.clients.errors import (
+    MAX_MESSAGE_CHARS,
+    ServiceError,
+    first_bytes,
+    error_from_response,
+    json_or_none,
+)
 from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts
-from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import (
+    FHIR_JSON_HEADERS,
+    Closing,
+    ServiceClient,
+    ServiceEndpoint,
+    http_timeout,
+)
 from tasks.clients.retry import call_with_retry
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
@@ -29,24 +41,31 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings, TlsSettings
 
 SERVICE_NAME = "FHIR server"
-# services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can keep a server
-# busy for minutes before it answers, so one read may take this long.
+# services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can
+# keep a server busy for minutes before it answers, so one read may take this long.
 SEND_TIMEOUT = timedelta(minutes=10)
 REQUEST_DEADLINE = timedelta(minutes=10)
 """Whole-request deadline of one call (send, answer), plus the upload time of its body (below)."""
 SLOWEST_UPLOAD_BYTES_PER_SECOND = MB
-"""A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go out."""
+"""A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go
+out."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s per MB sent"
 MAX_ANSWER_BYTES = 64 * MB
-"""The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
+"""The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is
+not read."""
 MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
-TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
+TOO_LARGE_ANSWER_HINT = (
+    "lower services.send.batch_size so that each transaction gets a smaller answer"
+)
 RETURN_MINIMAL = {"Prefer": "return=minimal"}
-"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back answered a
-batch of large resources past ``MAX_ANSWER_BYTES``: refused after it had applied it, again on every ``continue``."""
-AUTH_REFUSALS = {  # what a request refused for its credentials asks of the user (a transaction, a PUT)
+"""Asked of a transaction: only each entry's status is read, and a server that sends every resource
+back answered a batch of large resources past ``MAX_ANSWER_BYTES``: refused after it had applied it,
+again on every ``continue``."""
+# what a request refused for its credentials asks of the user (a transaction, a PUT)
+AUTH_REFUSALS = {
     401: "the server did not accept the credentials; check services.send.auth",
-    403: "the credentials may not write there; check services.send.auth and the server's access rules",
+    403: "the credentials may not write there; check services.send.auth and the server's access "
+    "rules",
 }
 PUT_HINTS = {  # what a refused PUT (transfer_load's Binary and DocumentReference) asks of the user
     **AUTH_REFUSALS,
@@ -71,31 +90,50 @@ class TransactionRejected(ServiceError):
         outcome: str = "",
         cause: ServiceError | None = None,
     ):
-        transient, retry_after = (cause.transient, cause.retry_after) if cause is not None else (False, None)
+        transient, retry_after = (
+            (cause.transient, cause.retry_after) if cause is not None else (False, None)
+        )
         status = answer.response.status_code
         super().__init__(
-            "transaction", status, message, transient=transient, service=SERVICE_NAME, retry_after=retry_after
+            "transaction",
+            status,
+            message,
+            transient=transient,
+            service=SERVICE_NAME,
+            retry_after=retry_after,
         )
-        self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
+        self.response_text, self.failed_entry, self.outcome = (
+            response_text(answer),
+            failed_entry,
+            outcome,
+        )
 
 
 class FhirServer(Closing):
     """One FHIR server (``{url}/fhir``) through a ``ServiceClient``."""
 
     def __init__(
-        self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
+        self,
+        client: ServiceClient,
+        *,
+        deadline: timedelta = REQUEST_DEADLINE,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self._client, self.http = client, client.http
         self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
 
     @classmethod
-    def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
+    def connect(
+        cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any
+    ) -> FhirServer:
         """Make a client for ``services.send.url``.
 
         Note: ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults.
         """
         timeout = http_timeout(SEND_TIMEOUT)
-        endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url")
+        endpoint = ServiceEndpoint(
+            SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url"
+        )
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
     def transaction(self, body: bytes, entries: int) -> dict[str, Any]:
@@ -105,22 +143,37 @@ class FhirServer(Closing):
         server could not be reached in time).
         """
         answer = self._call(
-            "POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status, extra_headers=RETURN_MINIMAL
+            "POST",
+            "/fhir",
+            "transaction",
+            body,
+            len(body),
+            rejection=rejected_by_status,
+            extra_headers=RETURN_MINIMAL,
         )
         return checked_transaction_response(answer, entries)
 
-    def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
+    def put(
+        self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None
+    ) -> None:
         """PUT ``{url}/fhir/<type>/<id>``; the answer's body (maybe a Binary) is not read.
 
         Note: ``body`` is the JSON, or a function that streams it afresh per attempt (its ``length``
         then goes into Content-Length).
         """
-        size, name = len(body) if isinstance(body, bytes) else length, f"{resource_type}/{resource_id}"
-        self._call("PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS)
+        size, name = (
+            len(body) if isinstance(body, bytes) else length,
+            f"{resource_type}/{resource_id}",
+        )
+        self._call(
+            "PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS
+        )
 
     def get(self, path: str, **params: str) -> dict[str, Any]:
         """GET a resource or a search under ``{url}/fhir`` (to read back what was sent)."""
-        return as_object(orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body))
+        return as_object(
+            orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
+        )
 
     def _call(
         self,
@@ -146,10 +199,18 @@ class FhirServer(Closing):
         where: Call = {"operation": operation, "service": SERVICE_NAME}
 
         def attempt() -> Answer:
-            deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
+            deadline = self._attempt_deadline(size)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
             with answer_within(
-                self.http, deadline, method, path, body=body, headers=headers, params=params, timeout=timeout, **where
+                self.http,
+                deadline,
+                method,
+                path,
+                body=body,
+                headers=headers,
+                params=params,
+                timeout=timeout,
+                **where,
             ) as response:
                 if response.is_error:
                     answer = Answer(response, first_bytes(response))
@@ -158,9 +219,16 @@ class FhirServer(Closing):
                 if not read_answer:
                     return Answer(response, b"")
                 limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return Answer(response, read_bounded(response, limit, **where, hint=hint, deadline=deadline))
+                return Answer(
+                    response, read_bounded(response, limit, **where, hint=hint, deadline=deadline)
+                )
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
+
+    def _attempt_deadline(self, size: int | None) -> Deadline:
+        """Start the deadline of one attempt: the request's, plus the upload of ``size`` bytes."""
+        seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
+        return Deadline(seconds, DEADLINE_SETTING)
 
 
 @dataclass(frozen=True)
@@ -175,8 +243,13 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     """Make the rejection of a transaction answered 4xx/5xx, naming the entry if known."""
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
-    failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-    return TransactionRejected(answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error)
+    failed_entry, outcome = (
+        int(match.group(1)) if match else None,
+        truncate("; ".join(texts), MAX_MESSAGE_CHARS),
+    )
+    return TransactionRejected(
+        answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error
+    )
 
 
 def checked_transaction_response(answer: Answer, sent: int) -> dict[str, Any]:
@@ -188,18 +261,26 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict[str, Any]:
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))
-    for index, entry in enumerate(entries):  # the first entry whose response.status is not 2xx fails the batch
+    # the first entry whose response.status is not 2xx fails the batch
+    for index, entry in enumerate(entries):
         said = as_object(as_object(entry).get("response"))
         status = str(said.get("status", ""))
         code = status.split(" ", 1)[0]
         if not (code.isdigit() and 200 <= int(code) < 300):
-            texts = operation_outcome_texts(orjson.dumps(said["outcome"])) if said.get("outcome") else []
+            texts = (
+                operation_outcome_texts(orjson.dumps(said["outcome"]))
+                if said.get("outcome")
+                else []
+            )
             outcome = truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
+            # the server's own words
+            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"
             message = f"entry {index + 1} failed with {shown}" + (f": {outcome}" if outcome else "")
             raise TransactionRejected(answer, message, failed_entry=index, outcome=outcome)
     if len(entries) != sent:
-        raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
+        raise _bad_answer(
+            answer, f"the transaction-response has {len(entries)} entries for {sent} sent"
+        )
     return bundle
 
 
@@ -215,4 +296,7 @@ def response_text(answer: Answer) -> str:
     response = answer.response
     content_type = response.headers.get("Content-Type", "")
     body = answer.body.decode(response.encoding or "utf-8", errors="replace")
-    return redact(f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: {content_type}\n\n{body}")
+    return redact(
+        f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: "
+        f"{content_type}\n\n{body}"
+    )

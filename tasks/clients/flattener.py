@@ -28,13 +28,10 @@ RUN_HEADERS = {"Content-Type": "application/fhir+json", "Accept": "application/x
 MAX_ROW_BYTES = 16 * MB
 """The longest line of a ``$run`` answer that is read: one row, one CSV line."""
 MAX_METADATA_BYTES = 16 * MB
-"""The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred KB)."""
+"""The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred
+KB)."""
 DEADLINE_SETTING = "services.flattening.timeout"
 NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
-
-
-class FlattenerError(StepError):
-    """The flattening service cannot be used or gave an answer that cannot be read."""
 
 
 class Flattener:
@@ -46,21 +43,28 @@ class Flattener:
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client, self._service = client, client.endpoint.name
-        self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.endpoint.timeout)
+        self._deadline = (
+            deadline.total_seconds()
+            if deadline is not None
+            else read_seconds(client.endpoint.timeout)
+        )
 
     def check(self) -> None:
-        """Raise ``FlattenerError`` unless the service lists ``$run`` on ViewDefinition.
+        """Raise ``StepError`` unless the service lists ``$run`` on ViewDefinition.
 
         Note: read from its CapabilityStatement.
         """
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
             limit, hint, service = MAX_METADATA_BYTES, NOT_A_SERVICE_HINT, self._service
-            content = read_answer(response, limit, operation=operation, service=service, hint=hint, deadline=deadline)
+            content = read_answer(
+                response, limit, operation=operation, service=service, hint=hint, deadline=deadline
+            )
         if not lists_view_run(json_or_none(content, orjson.loads)):
-            raise FlattenerError(
-                f"{redact(self.client.endpoint.base_url)} is not a flattening service: its {METADATA_PATH} lists no "
-                "$run operation on ViewDefinition (check services.flattening.service_url)"
+            raise StepError(
+                f"{redact(self.client.endpoint.base_url)} is not a flattening service: its "
+                f"{METADATA_PATH} lists no $run operation on ViewDefinition (check "
+                "services.flattening.service_url)"
             )
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
@@ -94,12 +98,16 @@ class Flattener:
                 raise_for_service_status(response, **where)
                 return stack.pop_all(), response, deadline
 
-        answer, response, deadline = call_with_retry(attempt, self.client.retry, **where, sleep=self.client.sleep)
+        answer, response, deadline = call_with_retry(
+            attempt, self.client.retry, **where, sleep=self.client.sleep
+        )
         with answer:
             yield response, deadline
 
 
-def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
+def answer_lines(
+    response: httpx.Response, deadline: Deadline, operation: str, service: str
+) -> Iterator[bytes]:
     """Yield the answer's lines as they arrive (no newline), ``MAX_ROW_BYTES`` at most."""
     line = bytearray()
     try:
@@ -113,9 +121,10 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
                 start = end + 1
             line += piece[start:]
             if len(line) > MAX_ROW_BYTES:
-                raise FlattenerError(
-                    f"a row of the flattening service's $run answer is longer than {MAX_ROW_BYTES // MB} MB "
-                    "(MAX_ROW_BYTES); the service's answer is not NDJSON rows"
+                raise StepError(
+                    "a row of the flattening service's $run answer is longer than "
+                    f"{MAX_ROW_BYTES // MB} MB (MAX_ROW_BYTES); the service's answer is not "
+                    "NDJSON rows"
                 )
     except httpx.TransportError as exc:
         deadline.check(operation, service)  # the deadline shut the connection down
@@ -134,9 +143,11 @@ def parse_row(line: bytes, number: int) -> dict[str, Any]:
         orjson.loads(line)
         row = loads_exact(line)
     except (ValueError, RecursionError) as exc:
-        raise FlattenerError(f"the flattening service's $run answer line {number} is not JSON ({exc})") from exc
+        raise StepError(
+            f"the flattening service's $run answer line {number} is not JSON ({exc})"
+        ) from exc
     if not isinstance(row, dict):
-        raise FlattenerError(f"the flattening service's $run answer line {number} is not a JSON object")
+        raise StepError(f"the flattening service's $run answer line {number} is not a JSON object")
     return row
 
 

@@ -1,8 +1,10 @@
-"""The one place outgoing HTTP clients are made (from a ``ServiceEndpoint``): TLS, credentials and timeouts.
+"""The one place outgoing HTTP clients are made (from a ``ServiceEndpoint``): TLS, credentials and
+timeouts.
 
-Redirects are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
-``ServiceClient.request`` sends under ``tasks.clients.retry``'s policy and reads the answer at most
-``max_answer_bytes`` far; clients that stream a body or an answer pass their own attempt to ``call_with_retry``.
+Redirects are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the
+service's origin. ``ServiceClient.request`` sends under ``tasks.clients.retry``'s policy and reads
+the answer at most ``max_answer_bytes`` far; clients that stream a body or an answer pass their own
+attempt to ``call_with_retry``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import certifi
 import httpx
@@ -35,13 +37,16 @@ log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
 INSECURE_WARNING = (
-    "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); use this for development and "
-    "testing only"
+    "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); use this for "
+    "development and testing only"
 )
 FHIR_JSON = "application/fhir+json"
 FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 MAX_ANSWER_BYTES = 16 * MB  # unless a call passes max_answer_bytes
-TOO_LARGE_HINT = "check that the service URL points at the service; an answer this large is not one dupflow expects"
+TOO_LARGE_HINT = (
+    "check that the service URL points at the service; an answer this large is not one dupflow "
+    "expects"
+)
 
 
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
@@ -65,9 +70,11 @@ class ServiceEndpoint:
     base_url: str
     auth: AuthSettings | None = None
     timeout: httpx.Timeout = field(default_factory=lambda: http_timeout(timedelta(seconds=30)))
-    max_connections: int = 100  # httpx's default; more requests in flight wait for one within their timeout
+    # httpx's default; more requests in flight wait for one within their timeout
+    max_connections: int = 100
     setting: str | None = None
-    """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing answer there."""
+    """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing
+answer there."""
 
     @property
     def issuer_setting(self) -> str | None:
@@ -106,7 +113,9 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
         try:
             context.load_verify_locations(cafile=ca_cert_path)
         except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"tls.ca_cert_path {ca_cert_path}: cannot load PEM bundle: {exc}") from exc
+            raise ValueError(
+                f"tls.ca_cert_path {ca_cert_path}: cannot load PEM bundle: {exc}"
+            ) from exc
     return context
 
 
@@ -115,11 +124,15 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
     auth.issuer_setting = endpoint.issuer_setting
     hooks: dict[str, list[Callable[..., Any]]] = {
-        "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
+        "request": [
+            auth.strip_foreign_credentials,
+            functools.partial(name_setting, endpoint, auth.origin),
+        ],
         "response": [functools.partial(refuse_compressed, endpoint)],
     }
     return httpx.Client(
-        base_url=without_query(endpoint.base_url),  # its query goes with each request to its origin (auth)
+        # its query goes with each request to its origin (auth)
+        base_url=without_query(endpoint.base_url),
         headers=AS_SENT,
         auth=auth,
         verify=verify,
@@ -138,25 +151,38 @@ def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Reque
     if endpoint.setting is not None and origin_of(request.url) == origin:
         request.extensions[SERVICE_SETTING] = endpoint.setting
     else:
-        request.extensions.pop(SERVICE_SETTING, None)  # httpx hands a request's extensions on to its redirect
+        # httpx hands a request's extensions on to its redirect
+        request.extensions.pop(SERVICE_SETTING, None)
 
 
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
     """Response event hook: an answer that came compressed is a terminal error."""
     if (problem := compressed_answer(response)) is not None:
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
-        fix = "configure the service (or a proxy before it) not to compress its answers to this client"
-        raise ServiceError(operation, response.status_code, f"{problem}; {fix}", transient=False, service=endpoint.name)
+        fix = (
+            "configure the service (or a proxy before it) not to compress its answers to this "
+            "client"
+        )
+        raise ServiceError(
+            operation,
+            response.status_code,
+            f"{problem}; {fix}",
+            transient=False,
+            service=endpoint.name,
+        )
 
 
 def service_name(client: httpx.Client) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-class Closing(contextlib.AbstractContextManager):
+class Closing(contextlib.AbstractContextManager["Closing"]):
     """A context manager that closes its ``http`` client."""
 
     http: httpx.Client
+
+    def __enter__(self) -> Self:
+        return self
 
     def close(self) -> None:
         self.http.close()
@@ -212,7 +238,9 @@ class ServiceClient(Closing):
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
                 limit, hint, source = max_answer_bytes, too_large_hint, response.url
-                body = read_answer(response, limit, deadline=bound, **where, hint=hint, source=source)
+                body = read_answer(
+                    response, limit, deadline=bound, **where, hint=hint, source=source
+                )
                 return answered(response, body)
 
         if once:

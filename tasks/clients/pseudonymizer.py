@@ -29,11 +29,13 @@ from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient, read_seconds
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
 MAX_ANSWER_BYTES = 100 * MB
-"""The most of one answer that is read, unless the step says otherwise: pipeline.max_ndjson_line_size_mb's
-default, since the answer becomes one line of the step's output."""
+"""The most of one answer that is read, unless the step says otherwise:
+pipeline.max_ndjson_line_size_mb's default, since the answer becomes one line of the step's
+output."""
 DEADLINE_SETTING = "services.pseudonymizer.timeout; raise it for large bundles"
 TOO_LARGE_ANSWER_HINT = (
-    "the de-identified resource is larger than an output line may be; raise pipeline.max_ndjson_line_size_mb"
+    "the de-identified resource is larger than an output line may be; raise "
+    "pipeline.max_ndjson_line_size_mb"
 )
 
 
@@ -47,12 +49,16 @@ class EntryTooLargeError(PseudonymizationError):
     def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int = 0):
         self.entry_label, self.index = resource_label(entry), index
         self.size, self.threshold_bytes = size, threshold_bytes
-        fields = f" and the Bundle's own fields (all but its entries, sent with every chunk) {overhead / MB:.1f} MB:"
+        fields = (
+            " and the Bundle's own fields (all but its entries, sent with every chunk) "
+            f"{overhead / MB:.1f} MB:"
+        )
         together = f"{fields} together more than" if size <= threshold_bytes else ", larger than"
         super().__init__(
-            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split threshold of "
-            f"{threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
-            f"services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, {BODY_LIMIT}"
+            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split "
+            f"threshold of {threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
+            "services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, "
+            f"{BODY_LIMIT}"
         )
 
 
@@ -95,9 +101,15 @@ class RequestBody:
     def __init__(self, config: AnonymizationConfig | None):
         self._prefix, self._suffix = b"", b""
         if config is not None:
-            attachment = {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()}
+            attachment = {
+                "contentType": "application/yaml",
+                "data": base64.b64encode(config.data).decode(),
+            }
             config_part = orjson.dumps({"name": "config", "valueAttachment": attachment})
-            self._prefix = b'{"resourceType":"Parameters","parameter":[%b,{"name":"resource","resource":' % config_part
+            self._prefix = (
+                b'{"resourceType":"Parameters","parameter":[%b,{"name":"resource","resource":'
+                % config_part
+            )
             self._suffix = b"}]}"
 
     def __call__(self, resource_json: bytes) -> bytes:
@@ -118,7 +130,9 @@ class Pseudonymizer:
     ):
         """``deadline`` bounds each whole request; by default the client's read timeout, which
         ``http_timeout`` sets to the configured ``services.pseudonymizer.timeout``."""
-        seconds = read_seconds(client.http.timeout) if deadline is None else deadline.total_seconds()
+        seconds = (
+            read_seconds(client.http.timeout) if deadline is None else deadline.total_seconds()
+        )
         bound = functools.partial(Deadline, seconds, DEADLINE_SETTING)
         self._send = functools.partial(
             client.request,
@@ -133,17 +147,24 @@ class Pseudonymizer:
         self.split_threshold_bytes = split_threshold_mb * MB
 
     def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
-        """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
+        """De-identify one resource given as its JSON bytes and parsed form; large Bundles are
+        split."""
         if not needs_split(resource, self.split_threshold_bytes):
             return Pseudonymized(self._deidentify(resource_json, resource)[0], 1, False)
-        exact = loads_exact(resource_json)  # the chunks and the Bundle put back keep every number's digits
+        # the chunks and the Bundle put back keep every number's digits
+        exact = loads_exact(resource_json)
         chunks = split_bundle(exact, self.split_threshold_bytes)
         fields, *answers = [
-            loads_exact(self._deidentify(dumps_exact(part), part)[0]) for part in [without_entries(exact), *chunks]
+            loads_exact(self._deidentify(dumps_exact(part), part)[0])
+            for part in [without_entries(exact), *chunks]
         ]
-        return Pseudonymized(dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True)
+        return Pseudonymized(
+            dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True
+        )
 
-    def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    def _deidentify(
+        self, resource_json: bytes, resource: dict[str, Any]
+    ) -> tuple[bytes, dict[str, Any]]:
         operation = f"de-identify {show_text(resource.get('resourceType'))}"
         response = self._send(operation=operation, body=self._body(resource_json))
         return checked_answer(response.content, resource)
@@ -157,16 +178,24 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
     try:
         answer = orjson.loads(content)
     except orjson.JSONDecodeError:
-        raise PseudonymizationError("the service answered with something that is not JSON") from None
+        raise PseudonymizationError(
+            "the service answered with something that is not JSON"
+        ) from None
     sent_type = sent.get("resourceType")
     if not isinstance(answer, dict) or answer.get("resourceType") != sent_type:
-        got = show_name(str(answer.get("resourceType"))) if isinstance(answer, dict) else type(answer).__name__
+        got = (
+            show_name(str(answer.get("resourceType")))
+            if isinstance(answer, dict)
+            else type(answer).__name__
+        )
         sent_shown = show_text(sent_type)
-        raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
+        raise PseudonymizationError(
+            redact(f"the service answered with {got} instead of a de-identified {sent_shown}")
+        )
     if sent_type == "Bundle" and _entry_count(answer) != _entry_count(sent):
         raise PseudonymizationError(
-            f"the service answered with {_entries_said(answer)} for {_entries_said(sent, short=True)} sent; refusing "
-            "to lose resources"
+            f"the service answered with {_entries_said(answer)} for "
+            f"{_entries_said(sent, short=True)} sent; refusing to lose resources"
         )
     return as_ndjson_line(content), answer
 
@@ -202,8 +231,11 @@ def compact_size(resource: Any) -> int:
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
-    entries = resource.get("entry")  # another value than a list is sent as it is: the service says what is wrong
-    is_bundle = resource.get("resourceType") == "Bundle" and isinstance(entries, list) and bool(entries)
+    # another value than a list is sent as it is: the service says what is wrong
+    entries = resource.get("entry")
+    is_bundle = (
+        resource.get("resourceType") == "Bundle" and isinstance(entries, list) and bool(entries)
+    )
     return is_bundle and compact_size(resource) > threshold_bytes
 
 
@@ -223,13 +255,18 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     for index, entry in enumerate(entries):
         entry_size = compact_size(entry)
         if overhead + entry_size > threshold_bytes:
-            raise EntryTooLargeError(as_object(entry).get("resource"), index, entry_size, threshold_bytes, overhead)
+            raise EntryTooLargeError(
+                as_object(entry).get("resource"), index, entry_size, threshold_bytes, overhead
+            )
         if groups[-1] and size + 1 + entry_size > threshold_bytes:  # 1: the comma between entries
             groups.append([])
             size = overhead
         size += entry_size + (1 if groups[-1] else 0)
         groups[-1].append(entry)
-    return [{**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group} for i, group in enumerate(groups)]
+    return [
+        {**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group}
+        for i, group in enumerate(groups)
+    ]
 
 
 def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
@@ -237,7 +274,9 @@ def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in bundle.items() if name != "entry"}
 
 
-def reassemble_bundle(original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
+def reassemble_bundle(
+    original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Put one Bundle together from de-identified chunks.
 
     Note: every entry in order, the original ``type`` and ``timestamp``.
@@ -253,4 +292,5 @@ def resource_label(resource: Any) -> str:
     """``Type/id`` of a resource for messages (never its content)."""
     if not isinstance(resource, dict):
         return "no resource"
-    return f"{show_text(resource.get('resourceType', 'unknown type'))}/{show_text(resource.get('id', '(no id)'))}"
+    resource_type = show_text(resource.get("resourceType", "unknown type"))
+    return f"{resource_type}/{show_text(resource.get('id', '(no id)'))}"

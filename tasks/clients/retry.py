@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
 from tasks.streams.fanout import pause, raise_if_cancelled
@@ -27,23 +33,35 @@ def is_transient(exc: BaseException) -> bool:
     return exc.transient if isinstance(exc, ServiceError) else is_transient_network_error(exc)
 
 
-def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
-    backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000)
+def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict[str, Any]:
+    backoff = wait_exponential(
+        multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000
+    )
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
-        return backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
+        return (
+            backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
+        )
 
     def log_retry(state: RetryCallState) -> None:
-        raise_if_cancelled()  # a cancelled fan-out's call (its client closed under it) is not retried
+        # a cancelled fan-out's call (its client closed under it) is not retried
+        raise_if_cancelled()
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
         assert state.outcome is not None, "tenacity calls before_sleep once an attempt has failed"
         exc = state.outcome.exception()
         said = str(exc) or type(exc).__name__  # many network errors have no text
-        shown = said if said.startswith(failed) else f"{failed} ({said})"  # a ServiceError of this call says it
+        # a ServiceError of this call says it
+        shown = said if said.startswith(failed) else f"{failed} ({said})"
         wait = state.next_action.sleep if state.next_action else 0.0
-        log.warning("%s; attempt %d of %d, retrying in %.1f s", shown, state.attempt_number, retry.max_attempts, wait)
+        log.warning(
+            "%s; attempt %d of %d, retrying in %.1f s",
+            shown,
+            state.attempt_number,
+            retry.max_attempts,
+            wait,
+        )
 
     return {
         "stop": stop_after_attempt(retry.max_attempts),
@@ -63,7 +81,9 @@ def call_with_retry(
     sleep: Callable[[float], None] = pause,
 ) -> T:
     try:
-        return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
+        return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(
+            attempt
+        )
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 

@@ -94,7 +94,9 @@ def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
 
     Note: the zip's base64 is encoded on the fly.
     """
-    head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
+    head = orjson.dumps(
+        {"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE}
+    )
     prefix, suffix = head[:-1] + b',"data":"', b'"}'
     size = zip_path.stat().st_size
 
@@ -116,26 +118,40 @@ def document_reference(
     Note: the fields protocols.md lists.
     """
     project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
-    organization = {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier}
+    organization = {
+        "system": ORGANIZATION_IDENTIFIER_SYSTEM,
+        "value": transfer.organization_identifier,
+    }
     return {
         "resourceType": "DocumentReference",
         "id": resource_id,
         "masterIdentifier": project,
-        # also an identifier: some servers search ``identifier`` only over it (the DSF's HAPI covers both)
+        # also an identifier: some servers search ``identifier`` only over it (the DSF's HAPI covers
+        # both)
         "identifier": [project],
         "status": "current",
         "docStatus": "final",
         "date": date,
         "author": [{"type": "Organization", "identifier": organization}],
         "content": [
-            {"attachment": {"contentType": ZIP_CONTENT_TYPE, "url": f"Binary/{b['id']}", "title": b["title"]}}
+            {
+                "attachment": {
+                    "contentType": ZIP_CONTENT_TYPE,
+                    "url": f"Binary/{b['id']}",
+                    "title": b["title"],
+                }
+            }
             for b in binaries
         ],
     }
 
 
 def put_document_reference(
-    server: FhirServer, record: Path, job_id: str, binaries: list[SentBinary], transfer: TransferSettings
+    server: FhirServer,
+    record: Path,
+    job_id: str,
+    binaries: list[SentBinary],
+    transfer: TransferSettings,
 ) -> str:
     """PUT the job's DocumentReference; return ``DocumentReference/<id>``.
 
@@ -147,7 +163,11 @@ def put_document_reference(
     except (OSError, orjson.JSONDecodeError):
         state = {}
     if state.get("id") != resource_id:
-        state = {"id": resource_id, "date": datetime.now(UTC).isoformat(timespec="seconds"), "written": False}
+        state = {
+            "id": resource_id,
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "written": False,
+        }
     state["binaries"] = [b["id"] for b in binaries]
     write_file_atomically(record, orjson.dumps(state))
     resource = document_reference(resource_id, binaries, transfer, state["date"])

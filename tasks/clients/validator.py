@@ -33,13 +33,17 @@ FULL_URL_BASE = "http://localhost/fhir"
 FINDINGS_STATUSES = (412, 422)
 ERROR_SEVERITIES = frozenset({"error", "fatal"})
 REQUEST_DEADLINE = timedelta(minutes=10)
-"""Whole-request deadline of one chunk (send, validate, answer); the spec has no key for it. The validator is
-silent while it works on a chunk, and a 10 MB chunk can take minutes."""
+"""Whole-request deadline of one chunk (send, validate, answer); the spec has no key for it. The
+validator is silent while it works on a chunk, and a 10 MB chunk can take minutes."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/validator.py"
 MAX_ANSWER_BYTES = 64 * MB
-"""The most of one answer that is read: an OperationOutcome is parsed whole and kept as one report line."""
-MAX_FINDING_CHARS = 500  # a finding's message or location as kept in the step's summary and report artifact
-TOO_LARGE_ANSWER_HINT = "lower services.validation.bundle_chunk_size_mb so that each chunk gets a smaller answer"
+"""The most of one answer that is read: an OperationOutcome is parsed whole and kept as one report
+line."""
+# a finding's message or location as kept in the step's summary and report artifact
+MAX_FINDING_CHARS = 500
+TOO_LARGE_ANSWER_HINT = (
+    "lower services.validation.bundle_chunk_size_mb so that each chunk gets a smaller answer"
+)
 
 BODY_PREFIX = b'{"resourceType":"Bundle","type":"collection","entry":['
 BODY_SUFFIX = b"]}"
@@ -66,7 +70,9 @@ class Chunk:
     oversized: bool = False
 
 
-def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Path | str) -> Iterator[Chunk]:
+def iter_chunks(
+    lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Path | str
+) -> Iterator[Chunk]:
     """Cut ``(line number, resource line)`` pairs into greedy, order-preserving chunks.
 
     Note: each body is at most ``chunk_bytes`` (one chunk's entries held at a time); an entry alone
@@ -77,7 +83,9 @@ def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Pa
     labels: list[str] = []
     size = EMPTY_BODY_BYTES
     for line_number, line in lines:
-        entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number, source)
+        entry, label = bundle_entry(
+            parse_resource(source, line_number, line), line.strip(), line_number, source
+        )
         if entries and size + 1 + len(entry) > chunk_bytes:  # 1: the comma between entries
             yield Chunk(next(numbers), join_entries(entries), tuple(labels))
             entries, labels, size = [], [], EMPTY_BODY_BYTES
@@ -95,7 +103,9 @@ def join_entries(entries: list[bytes]) -> bytes:
     return BODY_PREFIX + b",".join(entries) + BODY_SUFFIX
 
 
-def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: int, source: Path) -> tuple[bytes, str]:
+def bundle_entry(
+    resource: dict[str, Any], resource_json: bytes, line_number: int, source: Path
+) -> tuple[bytes, str]:
     """Return the entry ``{fullUrl, resource}`` of one resource as JSON, and its label.
 
     Note: a Bundle whose entries lack a fullUrl is written anew with them, every number as read
@@ -104,16 +114,21 @@ def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: in
     if with_full_urls(resource):
         resource_json = with_full_urls_written(resource_json, f"{source}: line {line_number}")
     full_url = orjson.dumps(full_url_of(resource))
-    return b'{"fullUrl":' + full_url + b',"resource":' + resource_json + b"}", resource_label(resource, line_number)
+    return b'{"fullUrl":' + full_url + b',"resource":' + resource_json + b"}", resource_label(
+        resource, line_number
+    )
 
 
 def with_full_urls_written(resource_json: bytes, where: str) -> bytes:
     try:
-        exact = loads_exact(resource_json)  # recurses per level: orjson, which checked the line, reads 1024
+        # recurses per level: orjson, which checked the line, reads 1024
+        exact = loads_exact(resource_json)
         with_full_urls(exact)
         return dumps_exact(exact)
     except (TypeError, RecursionError):  # orjson writes at most 254 levels
-        raise NdjsonError(f"{where}: the Bundle is nested too deep (over 254 levels) to be validated") from None
+        raise NdjsonError(
+            f"{where}: the Bundle is nested too deep (over 254 levels) to be validated"
+        ) from None
 
 
 def full_url_of(resource: Any) -> str:
@@ -167,7 +182,8 @@ class ChunkFindings:
     errors: int = 0
     warnings: int = 0
     information: int = 0
-    resources_with_errors: set[int] = field(default_factory=set)  # indexes of the chunk's entries with an error
+    # indexes of the chunk's entries with an error
+    resources_with_errors: set[int] = field(default_factory=set)
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -222,7 +238,11 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
     """
     marks = [{"url": CHUNK_EXTENSION, "valueInteger": chunk.number}]
     marks += [{"url": RESOURCE_EXTENSION, "valueString": label} for label in chunk.labels]
-    return {"resourceType": "OperationOutcome", **outcome, "extension": as_array(outcome.get("extension")) + marks}
+    return {
+        "resourceType": "OperationOutcome",
+        **outcome,
+        "extension": as_array(outcome.get("extension")) + marks,
+    }
 
 
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
@@ -233,7 +253,8 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
     answer = json_or_none(content, orjson.loads)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
-    return redact_strings(answer)
+    redacted: dict[str, Any] = redact_strings(answer)
+    return redacted
 
 
 class Validator:
@@ -259,7 +280,8 @@ class Validator:
         )
 
     def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
+        """The OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's
+        ``ServiceError``."""
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         response = self._send(operation=operation, body=chunk.body)
         if (outcome := as_operation_outcome(response.content)) is not None:

@@ -147,8 +147,8 @@ def refuse_credentials_in_url(
     else:
         return
     raise CredentialsInUrlError(
-        f"{door}{': ' if door else ''}the URL {shown_url(url)} carries {carried}, "
-        f"which would be stored with the job, shown in logs and sent to that host; {fix}"
+        f"{door}{': ' if door else ''}the URL {shown_url(url)} carries {carried}, which would be "
+        f"stored with the job, shown in logs and sent to that host; {fix}"
     )
 
 

@@ -5,10 +5,8 @@ Its part of the exception tree (the root's: ``tasks.core.errors``)::
     DupflowError
     ├── JobError
     │   └── RecordError           record: a job.json that cannot be read as a job record
-    ├── StepError
-    │   ├── FlatteningError       flattening_outcome: the step cannot flatten its input
-    │   └── EnrichmentError       crtdl_enrichment (also ValueError): the rules cannot apply
-    │       └── UnresolvedLinkError
-    ├── TaskRunnerError           filework: the configured Dask cluster cannot be used
-    └── FlowRunEndedError         flow_run_watch: a file task whose flow run ended
+    └── StepError
+        ├── FlatteningError       flattening_outcome: the step cannot flatten its input
+        └── EnrichmentError       crtdl_enrichment (also ValueError): the rules cannot apply
+            └── UnresolvedLinkError
 """

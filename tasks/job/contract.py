@@ -66,7 +66,9 @@ class DataFile(FileEntry):
         and ``model_dump`` writes every field.
         """
         counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
-        return cls.model_construct(set(), name=name, size=stats.size, modified_ns=stats.modified_ns, **counts)
+        return cls.model_construct(
+            set(), name=name, size=stats.size, modified_ns=stats.modified_ns, **counts
+        )
 
     @property
     def core(self) -> bool:
@@ -102,8 +104,9 @@ class StepInput(BaseModel):
     files_digest: str | None = None
     """``files`` as a digest, in the input of the step's file tasks (``for_file_tasks``)."""
     settings_digest: str | None = None
-    """A digest of the settings that shape this step's output (``shaped_settings`` of its module): one changed
-    since (``continue --set``, the file edited) runs the step, and the ones reading its files, again."""
+    """A digest of the settings that shape this step's output (``shaped_settings`` of its module):
+    one changed since (``continue --set``, the file edited) runs the step, and the ones reading its
+    files, again."""
 
     @property
     def number(self) -> int:
@@ -146,9 +149,13 @@ class StepInput(BaseModel):
         value = self.facts.get("crtdl_path")
         return Path(value) if value else None
 
-    def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
+    def result(
+        self, files: list[DataFile], folder: Path | None = None, **summary: Any
+    ) -> StepResult:
         relative = str((folder or self.output_dir).relative_to(self.job_path))
-        return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
+        return StepResult(
+            step=self.step, position=self.position, folder=relative, files=files, summary=summary
+        )
 
     def cache_identity(self) -> dict[str, Any]:
         """What a step's (and its files') results depend on: its input.
@@ -157,7 +164,9 @@ class StepInput(BaseModel):
         must still find its finished files on ``continue``), nor where its settings come from
         (``continue --set`` that fixes a cause must not redo the finished files).
         """
-        return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
+        return self.model_dump(
+            mode="json", exclude={"job_dir", "facts", "config_path", "overrides"}
+        )
 
     def for_file_tasks(self) -> StepInput:
         """The step as its file tasks get it, its files as a digest (still in the key).
@@ -167,7 +176,9 @@ class StepInput(BaseModel):
         """
         if self.files_digest is not None:
             return self
-        return self.model_copy(update={"files": [], "files_digest": digest(self.cache_identity()["files"])})
+        return self.model_copy(
+            update={"files": [], "files_digest": digest(self.cache_identity()["files"])}
+        )
 
 
 class StepResult(StepRecord):
@@ -184,7 +195,9 @@ class StepResult(StepRecord):
         return sum(f.size for f in self.files)
 
 
-_batch_settings: ContextVar[tuple[StepInput, Settings] | None] = ContextVar("batch_settings", default=None)
+_batch_settings: ContextVar[tuple[StepInput, Settings] | None] = ContextVar(
+    "batch_settings", default=None
+)
 """The settings a batch of files (``batch_task``) loaded once for all its files."""
 
 
@@ -215,7 +228,13 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     """The result's path in the job directory (``result_name``)."""
     step: StepInput = parameters["step"]
     others = {name: value for name, value in parameters.items() if name != "step"}
-    key = result_name(step.job_id, step.position, step.step, context.task.name, digest([step.cache_identity(), others]))
+    key = result_name(
+        step.job_id,
+        step.position,
+        step.step,
+        context.task.name,
+        digest([step.cache_identity(), others]),
+    )
     return str(JobPaths(step.job_path).results / key)
 
 
@@ -275,7 +294,11 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
             started = time.monotonic()
             key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             files = step.files
-            work = StepWork(files=len(files), size=sum(f.size for f in files), lines=sum(f.resources for f in files))
+            work = StepWork(
+                files=len(files),
+                size=sum(f.size for f in files),
+                lines=sum(f.resources for f in files),
+            )
             remove_partial_files(step.output_dir)  # temporaries of a killed run: never resumed from
             try:
                 with step_progress(key, step.step, work):
@@ -368,7 +391,9 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
         given = [quote(arg) if isinstance(arg, list) else arg for arg in args]
         state = run(step, *given, return_state=True, **kwargs)
         if files_gone(state, step.output_dir):
-            state = stored_in_job(call, step, refresh=True)(step, *given, return_state=True, **kwargs)
+            state = stored_in_job(call, step, refresh=True)(
+                step, *given, return_state=True, **kwargs
+            )
         result: R = state.result()
         return result
 
@@ -400,7 +425,9 @@ def data_files(value: Any) -> Iterator[DataFile]:
 @overload
 def stored_in_job(call: Task[P, R], step: StepInput, refresh: bool = False) -> Task[P, R]: ...
 @overload
-def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]: ...
+def stored_in_job(
+    call: Callable[P, R], step: StepInput, refresh: bool = False
+) -> Callable[P, R]: ...
 def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]:
     """Make ``call`` (a task; a plain function as it is) store in the job's results.
 
@@ -411,5 +438,7 @@ def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) 
     if not isinstance(call, Task):
         return call
     folder = JobPaths(step.job_path).results
-    kept: Task[P, R] = call.with_options(result_storage=folder, refresh_cache=True if refresh else NotSet)
+    kept: Task[P, R] = call.with_options(
+        result_storage=folder, refresh_cache=True if refresh else NotSet
+    )
     return in_results(kept, folder)

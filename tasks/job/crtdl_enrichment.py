@@ -26,8 +26,8 @@ class EnrichmentError(StepError, ValueError):
 class UnresolvedLinkError(EnrichmentError):
     def __init__(self, group_reference: str, attribute_ref: str, url: str):
         super().__init__(
-            f"enrichment rule for group {group_reference!r}: attribute {attribute_ref!r} links to {url!r}, "
-            "but no attribute group has that groupReference"
+            f"enrichment rule for group {group_reference!r}: attribute {attribute_ref!r} links to "
+            f"{url!r}, but no attribute group has that groupReference"
         )
 
 
@@ -35,12 +35,15 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, li
     """Apply ``rules`` in order to a copy of ``crtdl``; warn once per skipped rule."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
-    links: list[tuple[str, Json, str]] = []  # (the rule's group_reference, the attribute, a linked profile URL)
+    # (the rule's group_reference, the attribute, a linked profile URL)
+    links: list[tuple[str, Json, str]] = []
     for rule in rules:
         for group in _groups_for(enriched, rule, warnings):
             for wanted in rule.attributes_to_add:
                 attribute = _ensure_attribute(group, wanted)
-                links.extend((rule.group_reference, attribute, url) for url in wanted.linked_groups or [])
+                links.extend(
+                    (rule.group_reference, attribute, url) for url in wanted.linked_groups or []
+                )
     _resolve_links(enriched, links)
     return enriched, warnings
 
@@ -50,12 +53,17 @@ def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[
 
     Note: none comes with a warning.
     """
-    if groups := [group for group in _existing_groups(crtdl) if group.get("groupReference") == rule.group_reference]:
+    if groups := [
+        group
+        for group in _existing_groups(crtdl)
+        if group.get("groupReference") == rule.group_reference
+    ]:
         return groups
     if rule.create_if_not_exists is None:
         warnings.append(
-            f"CRTDL enrichment skipped a rule: no attribute group has groupReference {rule.group_reference!r} "
-            "and the rule does not ask to create it (create_if_not_exists)"
+            "CRTDL enrichment skipped a rule: no attribute group has groupReference "
+            f"{rule.group_reference!r} and the rule does not ask to create it "
+            "(create_if_not_exists)"
         )
         return []
     return [_create_group(crtdl, rule.group_reference, rule.create_if_not_exists.group_name)]
@@ -75,7 +83,12 @@ def _existing_groups(crtdl: Json) -> list[Json]:
 def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
     groups = _existing_groups(crtdl)
     group_id = _unique_id(group_name, groups)
-    group = {"id": group_id, "name": group_name, "groupReference": group_reference, "attributes": []}
+    group = {
+        "id": group_id,
+        "name": group_name,
+        "groupReference": group_reference,
+        "attributes": [],
+    }
     if crtdl.get("dataExtraction") is None:
         crtdl["dataExtraction"] = {}
     crtdl["dataExtraction"].setdefault("attributeGroups", groups).append(group)
@@ -123,6 +136,8 @@ def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
 def _id_of(group: Json, groups: list[Json]) -> str:
     """The group's id; an id-less group gets one from its name or profile's last part."""
     if not group.get("id"):
-        name = group.get("name") or str(group.get("groupReference", "")).rstrip("/").rsplit("/", 1)[-1]
+        name = (
+            group.get("name") or str(group.get("groupReference", "")).rstrip("/").rsplit("/", 1)[-1]
+        )
         group["id"] = _unique_id(name, groups)
     return str(group["id"])

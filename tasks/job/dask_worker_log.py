@@ -37,9 +37,11 @@ class WorkerLogToJobLog(WorkerPlugin):
             for console in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
                 logger.removeHandler(console)
             logger.addHandler(plain)
-        import prefect.main  # noqa: F401  (configures Prefect's logging, which would drop a handler added before)
+        # configures Prefect's logging, which would drop a handler added before
+        import prefect.main  # noqa: F401
 
-        for name in ("prefect", "dupflow"):  # the root logger's console is Prefect's: not for them here
+        # the root logger's console is Prefect's: not for them here
+        for name in ("prefect", "dupflow"):
             logger = logging.getLogger(name)
             logger.addHandler(runs)
             logger.propagate = False

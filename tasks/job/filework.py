@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
+from tasks.job.contract import (
+    StepInput,
+    commit_each,
+    data_files,
+    files_gone,
+    settings_of,
+    stored_in_job,
+)
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import outcome_of, results_or_raise, run_bounded
 
@@ -25,14 +32,9 @@ R = TypeVar("R")
 DASK_CONNECT_TIMEOUT = "10s"
 
 
-class TaskRunnerError(DupflowError):
-    """The configured Dask cluster cannot be used.
-
-    Note: no scheduler at the address, or a local cluster that fails.
-    """
-
-
-def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list[R | Exception]:
+def map_files(
+    file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int
+) -> list[R | Exception]:
     """Call ``file_task(*args)`` for every tuple of ``arguments``; list the outcomes.
 
     Note: each tuple starts with the ``StepInput``; an outcome is a result or an exception. On the
@@ -41,7 +43,8 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    if arguments and isinstance(arguments[0][0], StepInput):  # one step's files: its input made small once for all
+    # one step's files: its input made small once for all
+    if arguments and isinstance(arguments[0][0], StepInput):
         slim = arguments[0][0].for_file_tasks()
         arguments = [(slim, *args[1:]) for args in arguments]
     context = FlowRunContext.get()
@@ -50,7 +53,8 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
     if on_dask and workers > 1:  # every file submitted at once; Dask runs one per worker thread
         futures = [stored_in_job(dask_task, args[0]).submit(*args) for args in arguments]
         return [
-            outcome_of(kept_result, future, file_task, args) for future, args in zip(futures, arguments, strict=True)
+            outcome_of(kept_result, future, file_task, args)
+            for future, args in zip(futures, arguments, strict=True)
         ]
     failures: list[Exception] = []
 
@@ -59,14 +63,17 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
             raise failures[0]
         try:
             if on_dask:
-                kept: R = kept_result(stored_in_job(dask_task, args[0]).submit(*args), file_task, args)
+                kept: R = kept_result(
+                    stored_in_job(dask_task, args[0]).submit(*args), file_task, args
+                )
                 return kept
             return commit_each(file_task, *args)
         except Exception as exc:
             failures.append(exc)
             raise
 
-    if workers <= 1:  # in the calling thread, so Ctrl+C or SIGTERM stops it where it is (a daemon thread would go on)
+    # in the calling thread, so Ctrl+C or SIGTERM stops it where it is (a daemon thread would go on)
+    if workers <= 1:
         return [outcome_of(call, args) for args in arguments]
     return run_bounded([functools.partial(call, args) for args in arguments], workers)
 
@@ -90,11 +97,19 @@ def map_batches(
     Note: in order; or, once every batch has ended (each finished one kept), the first failure
     raised.
     """
-    return [result for batch in results_or_raise(run_batches(batch_task, step, files, workers)) for result in batch]
+    return [
+        result
+        for batch in results_or_raise(run_batches(batch_task, step, files, workers))
+        for result in batch
+    ]
 
 
 def run_batches(
-    batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
+    batch_task: Callable[..., R],
+    step: StepInput,
+    files: Sequence[FileToDo],
+    workers: int,
+    *shared: Any,
 ) -> list[R | Exception]:
     """Each batch's outcome of ``batch_task(step, label, [args per file], *shared)``.
 
@@ -120,7 +135,9 @@ def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) ->
     start, total, closed = 0, 0, False
     for index, size in enumerate(sizes):
         alone = size is None or size >= max_bytes
-        if index > start and (closed or alone or index - start >= max_files or total + (size or 0) > max_bytes):
+        if index > start and (
+            closed or alone or index - start >= max_files or total + (size or 0) > max_bytes
+        ):
             batches.append(range(start, index))
             start, total = index, 0
         total, closed = total + (size or 0), alone
@@ -148,10 +165,11 @@ def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
         future = stored_in_job(file_task, args[0], refresh=True).submit(*args)
     result = future.result()
     if missing := [f.name for f in data_files(result) if not f.on_disk_in(args[0].output_dir)]:
-        raise TaskRunnerError(
-            f"a Dask worker wrote {', '.join(missing)} where this process does not find it ({args[0].output_dir}): "
-            "every worker must see the jobs directory at the same path (a shared file system mounted there); "
-            "fix the workers' mounts, or set pipeline.task_runner.kind: in_process, then continue the job"
+        raise DupflowError(
+            f"a Dask worker wrote {', '.join(missing)} where this process does not find it "
+            f"({args[0].output_dir}): every worker must see the jobs directory at the same path "
+            "(a shared file system mounted there); fix the workers' mounts, or set "
+            "pipeline.task_runner.kind: in_process, then continue the job"
         )
     return result
 
@@ -189,7 +207,8 @@ def dask_runner(settings: TaskRunnerSettings) -> DaskTaskRunner:
     client_kwargs = {"timeout": DASK_CONNECT_TIMEOUT}
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address, client_kwargs=client_kwargs)
-    api_url = get_current_settings().api.url or prefect_api_url()  # the local workers report their task runs to it
+    # the local workers report their task runs to it
+    api_url = get_current_settings().api.url or prefect_api_url()
     cluster_kwargs = {
         "n_workers": settings.local_workers,
         "threads_per_worker": 1,
@@ -206,11 +225,12 @@ def connect(runner: DaskTaskRunner, settings: TaskRunnerSettings) -> None:
         runner.client  # noqa: B018 - the property connects (or starts the local cluster)
     except (OSError, TimeoutError) as exc:
         if settings.dask_address:
-            raise TaskRunnerError(
-                f"pipeline.task_runner.dask_address: no Dask scheduler answers at {settings.dask_address} ({exc}); "
-                "start it (dask scheduler) or fix the address"
+            raise DupflowError(
+                "pipeline.task_runner.dask_address: no Dask scheduler answers at "
+                f"{settings.dask_address} ({exc}); start it (dask scheduler) or fix the address"
             ) from None
-        raise TaskRunnerError(
-            f"pipeline.task_runner: the local Dask cluster of {settings.local_workers} worker(s) did not start "
-            f"({exc}); lower pipeline.task_runner.dask_workers or use kind: in_process"
+        raise DupflowError(
+            f"pipeline.task_runner: the local Dask cluster of {settings.local_workers} worker(s) "
+            f"did not start ({exc}); lower pipeline.task_runner.dask_workers or use kind: "
+            "in_process"
         ) from exc

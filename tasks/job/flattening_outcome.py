@@ -46,11 +46,18 @@ class GroupCounts:
     resources: int = 0
     rows: int = 0
     not_applied: tuple[str, ...] = ()
-    """Without Provenance: the group's CRTDL restrictions that could not be applied (``Selection.not_applied``)."""
+    """Without Provenance: the group's CRTDL restrictions that could not be applied
+(``Selection.not_applied``)."""
 
     def row(self) -> dict[str, Any]:
         group = self.group
-        return {"group": group.name, "id": group.id, "csv": self.csv, "resources": self.resources, "rows": self.rows}
+        return {
+            "group": group.name,
+            "id": group.id,
+            "csv": self.csv,
+            "resources": self.resources,
+            "rows": self.rows,
+        }
 
 
 @dataclass
@@ -62,10 +69,13 @@ class FlattenOutcome(RouteCounts):
     files: list[DataFile] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        selection = {  # without Provenance: what the groups' profiles and filters left out, what was not applied
+        # without Provenance: what the groups' profiles and filters left out, what was not applied
+        selection = {
             "other_profile": dict(sorted(self.other_profile.items())),
             "filtered_out": dict(sorted(self.filtered_out.items())),
-            "not_applied": {g.group.name: list(g.not_applied) for g in self.groups if g.not_applied},
+            "not_applied": {
+                g.group.name: list(g.not_applied) for g in self.groups if g.not_applied
+            },
         }
         return {
             "engine": self.engine,
@@ -84,7 +94,12 @@ def new_outcome(
 ) -> FlattenOutcome:
     return FlattenOutcome(
         groups=[
-            GroupCounts(view.group, view.group.csv_name, view.resource_type, not_applied=view.selection.not_applied)
+            GroupCounts(
+                view.group,
+                view.group.csv_name,
+                view.resource_type,
+                not_applied=view.selection.not_applied,
+            )
             for view in views
         ],
         skipped=skipped,
@@ -103,20 +118,27 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
             _refuse_nothing_routed(outcome, skipped)
         return  # an empty input, or the filters took nothing: every CSV has its header only
     taken = _counted(outcome.skipped_resources)
-    reasons = [f"the input's {taken} went to attribute groups that were skipped{skipped}"] if taken else []
+    reasons = (
+        [f"the input's {taken} went to attribute groups that were skipped{skipped}"]
+        if taken
+        else []
+    )
     if took := [g for g in outcome.groups if g.resources]:
         listed = _listed([f"{g.group.name!r} ({g.resources} resources)" for g in took])
         reasons.append(f"the views of {listed} gave no row")
     raise FlatteningError(
-        f"no CSV has a row: {'; '.join(reasons)}. Add a table for each skipped group's profile to the lookup file "
-        "(services.flattening.lookup_path), or check that the CRTDL's attributes are in the data"
+        f"no CSV has a row: {'; '.join(reasons)}. Add a table for each skipped group's profile to "
+        "the lookup file (services.flattening.lookup_path), or check that the CRTDL's attributes "
+        "are in the data"
     )
 
 
 def _skipped_groups(outcome: FlattenOutcome) -> str:
     if not outcome.skipped:
         return ""
-    return " for lack of a lookup table: " + _listed([f"{g.name!r} (profile {g.profile})" for g in outcome.skipped])
+    return " for lack of a lookup table: " + _listed(
+        [f"{g.name!r} (profile {g.profile})" for g in outcome.skipped]
+    )
 
 
 def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
@@ -124,21 +146,29 @@ def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
     found = _counted(outcome.unrouted + outcome.other_profile)
     note = f" (groups skipped{skipped})" if skipped else ""
     if outcome.routing == BY_TYPE:
-        wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
+        wanted = (
+            _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups}))
+            or "none"
+        )
         if outcome.other_profile:
             profiles = _listed(sorted({g.group.profile for g in outcome.groups}))
-            wanted += f"; no meta.profile of the input's {_counted(outcome.other_profile)} is theirs ({profiles})"
+            wanted += (
+                f"; no meta.profile of the input's {_counted(outcome.other_profile)} is theirs "
+                f"({profiles})"
+            )
         raise FlatteningError(
-            f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
-            f"Provenance to route by), but the CRTDL's groups read other types or profiles ({wanted}){note}. Check "
-            "that the input is the data this CRTDL extracted, or give the CRTDL of that data"
+            f"no input resource was routed to any attribute group: the input holds {found} (and "
+            "no attribute-group Provenance to route by), but the CRTDL's groups read other types "
+            f"or profiles ({wanted}){note}. Check that the input is the data this CRTDL "
+            "extracted, or give the CRTDL of that data"
         )
     expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
     seen = _listed(sorted(outcome.unknown_groups)) or "none"
     raise FlatteningError(
-        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}{note}, but the "
-        f"Provenance names the groups {seen}, so {found} would be in no CSV. Give the job the CRTDL the "
-        "extraction ran with (its attributeGroups' ids are the ones in the Provenance), or set those ids in this one"
+        "no input resource was routed to any attribute group: the CRTDL's groups are "
+        f"{expected}{note}, but the Provenance names the groups {seen}, so {found} would be in no "
+        "CSV. Give the job the CRTDL the extraction ran with (its attributeGroups' ids are the "
+        "ones in the Provenance), or set those ids in this one"
     )
 
 
@@ -147,7 +177,9 @@ def _counted(counts: Counter[str]) -> str:
 
 
 def _listed(ids: list[str]) -> str:
-    return ", ".join(ids[:LISTED_IDS]) + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
+    return ", ".join(ids[:LISTED_IDS]) + (
+        f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else ""
+    )
 
 
 def report(outcome: FlattenOutcome, step: StepInput) -> None:
@@ -157,10 +189,15 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
     for counts in outcome.groups:
         log.info("%s: %d resources, %d rows", counts.csv, counts.resources, counts.rows)
     if outcome.unrouted:
-        log.warning("resources no attribute group routes (not in any CSV): %s", _counted(outcome.unrouted))
+        log.warning(
+            "resources no attribute group routes (not in any CSV): %s", _counted(outcome.unrouted)
+        )
     if outcome.skipped_resources:
         listed = _counted(outcome.skipped_resources)
-        log.warning("resources of attribute groups skipped for lack of a lookup table (not in any CSV): %s", listed)
+        log.warning(
+            "resources of attribute groups skipped for lack of a lookup table (not in any CSV): %s",
+            listed,
+        )
     if outcome.unknown_groups:
         listed = ", ".join(sorted(outcome.unknown_groups))
         log.warning("Provenance names attribute groups that are not in the CRTDL: %s", listed)
@@ -173,18 +210,27 @@ def report_selection(outcome: FlattenOutcome) -> None:
     Note: also what of the CRTDL was not applied.
     """
     log.warning(
-        "the input holds no attribute-group Provenance (a plain import): each attribute group takes the resources of "
-        "its type and profile that pass its CRTDL filters, as the extraction selects them (docs/steps.md)"
+        "the input holds no attribute-group Provenance (a plain import): each attribute group "
+        "takes the resources of its type and profile that pass its CRTDL filters, as the "
+        "extraction selects them (docs/steps.md)"
     )
     for counts in outcome.groups:
         if counts.not_applied:
-            log.warning("attribute group %r: not applied: %s", counts.group.name, "; ".join(counts.not_applied))
+            log.warning(
+                "attribute group %r: not applied: %s",
+                counts.group.name,
+                "; ".join(counts.not_applied),
+            )
     if outcome.other_profile:
         listed = _counted(outcome.other_profile)
-        log.warning("resources of no attribute group's profile (meta.profile; not in any CSV): %s", listed)
+        log.warning(
+            "resources of no attribute group's profile (meta.profile; not in any CSV): %s", listed
+        )
     if outcome.filtered_out:
         listed = _counted(outcome.filtered_out)
-        log.info("resources the attribute groups' CRTDL filters leave out (not in any CSV): %s", listed)
+        log.info(
+            "resources the attribute groups' CRTDL filters leave out (not in any CSV): %s", listed
+        )
 
 
 def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
@@ -192,7 +238,13 @@ def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
 
     table = [c.row() for c in outcome.groups]
     table += [
-        {"group": g.name, "id": g.id, "csv": f"(skipped: no lookup table for {g.profile})", "resources": 0, "rows": 0}
+        {
+            "group": g.name,
+            "id": g.id,
+            "csv": f"(skipped: no lookup table for {g.profile})",
+            "resources": 0,
+            "rows": 0,
+        }
         for g in outcome.skipped
     ]
     for label, counts in (

@@ -15,13 +15,20 @@ from pathlib import Path
 from tasks.core.kept import KeptByDigest
 from tasks.job.contract import StepInput, digest, settings_of
 from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
-from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
+from tasks.sof.crtdl_views import (
+    AttributeGroup,
+    GroupView,
+    attribute_groups,
+    build_view,
+    csv_file_name,
+)
 from tasks.sof.flatten import GroupPlan
 from tasks.sof.lookup import LookupTable, load_lookup
 
 log = logging.getLogger("dupflow.flattening")
 
-PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views, the groups without a lookup table
+# the groups' views, the groups without a lookup table
+PlannedViews = tuple[list[GroupView], list[AttributeGroup]]
 
 
 def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
@@ -39,7 +46,9 @@ def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> Pla
         warn_shared_names(groups)
     names = Counter(view.group.csv_name.casefold() for view in views)
     if clashes := [name for name, count in names.items() if count > 1]:
-        raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
+        raise FlatteningError(
+            f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them"
+        )
     return views, skipped
 
 
@@ -58,7 +67,9 @@ def warn_shared_names(groups: list[AttributeGroup]) -> None:
         )
 
 
-def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool) -> PlannedViews:
+def built_views(
+    groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool
+) -> PlannedViews:
     views, skipped = [], []
     for group in groups:
         if (table := tables.get(group.profile)) is None:
@@ -98,7 +109,8 @@ _plans: KeptByDigest[StepPlan] = KeptByDigest(size=4)
 def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> StepPlan:
     """The step's plan, kept in this process for its pieces (``KeptByDigest``)."""
     groups = tuple(
-        GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection) for v in views
+        GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection)
+        for v in views
     )
     plan_digest = digest([[v.group, v.view] for v in views] + [g.id for g in skipped])
     plan = StepPlan(views, skipped, groups, tuple(group.id for group in skipped), plan_digest)
@@ -118,7 +130,8 @@ def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
     plan = remember_plan(*plan_views(step.crtdl_path, Path(lookup or ""), warn=False))
     if plan.digest != plan_digest:
         raise FlatteningError(
-            f"the CRTDL {step.crtdl_path} or the lookup file {lookup} (services.flattening.lookup_path) changed while "
-            "the step ran; keep them unchanged while a job runs, then continue the job"
+            f"the CRTDL {step.crtdl_path} or the lookup file {lookup} "
+            "(services.flattening.lookup_path) changed while the step ran; keep them unchanged "
+            "while a job runs, then continue the job"
         )
     return plan

@@ -25,10 +25,6 @@ _OVER = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
 log = logging.getLogger("dupflow.dask")
 
 
-class FlowRunEndedError(DupflowError):
-    """A file task on a Dask worker stopped because its flow run had ended."""
-
-
 def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
     """Watch ``function`` (a file task's body) on a Dask worker; elsewhere leave it."""
 
@@ -60,7 +56,7 @@ def flow_run_on_a_worker() -> UUID | None:
 def watching(flow_run_id: UUID) -> Iterator[None]:
     """Cancel the block's work once the flow run is over.
 
-    Note: its ``Cancelled`` leaves as ``FlowRunEndedError``.
+    Note: its ``Cancelled`` leaves as ``DupflowError``.
     """
     with cancel_scope() as cancel:
         watch = _Watch(flow_run_id, cancel)
@@ -70,9 +66,10 @@ def watching(flow_run_id: UUID) -> Iterator[None]:
         except Cancelled:
             if watch.ended is None:
                 raise
-            raise FlowRunEndedError(
-                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran on a Dask worker; "
-                "its output was not written, and continuing the job does this file again"
+            raise DupflowError(
+                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran "
+                "on a Dask worker; its output was not written, and continuing the job does this "
+                "file again"
             ) from None
         finally:
             watch.finish.set()
@@ -90,7 +87,8 @@ class _Watch(threading.Thread):
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            while (ended := self.over(client)) is None:  # at once too: the attempt the task belongs to
+            # at once too: the attempt the task belongs to
+            while (ended := self.over(client)) is None:
                 if self.finish.wait(WATCH_EVERY_SECONDS):
                     return
             self.ended = ended

@@ -22,7 +22,10 @@ class JobLogFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return f"{record.asctime} {record.levelname} {record.name}: {run_label(record)}{record.message}"
+        return (
+            f"{record.asctime} {record.levelname} {record.name}: "
+            f"{run_label(record)}{record.message}"
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         return plain_multiline(super().format(record))

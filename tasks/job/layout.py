@@ -32,7 +32,12 @@ def is_crtdl_file(job_input: str | None) -> bool:
 
     Note: a missing one counts too, so that preparing the job says it is not found.
     """
-    return bool(job_input and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir())
+    return bool(
+        job_input
+        and "://" not in job_input
+        and job_input.endswith(".json")
+        and not Path(job_input).is_dir()
+    )
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,9 @@ class JobPaths:
 
     def finished(self, steps: list[str], step: str) -> bool:
         """Whether ``step`` is among ``steps`` and its task left its result record."""
-        return step in steps and any(self.results.glob(result_name(self.job_id, steps.index(step), step, step, "*")))
+        return step in steps and any(
+            self.results.glob(result_name(self.job_id, steps.index(step), step, step, "*"))
+        )
 
 
 def result_name(job_id: str, position: int, step: str, task: str, suffix: str) -> str:
@@ -83,7 +90,9 @@ def directory_tag(job_dir: Path) -> str:
     Why: a copy of the directory has the job id but never this tag, so ``prune`` of the copy leaves
     the original's flow runs and artifacts alone.
     """
-    return DIRECTORY_TAG_PREFIX + hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
+    return (
+        DIRECTORY_TAG_PREFIX + hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
+    )
 
 
 def job_of_tag(tag: str) -> str | None:

@@ -22,13 +22,22 @@ from tasks.streams.files import exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
 SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 had no ``version``
-MAX_RECORD_BYTES = 64 * MB  # a version 2 record held every step's files: of 8 steps with 50,000 files, some 40 MB
+# a version 2 record held every step's files: of 8 steps with 50,000 files, some 40 MB
+MAX_RECORD_BYTES = 64 * MB
 
 # Job states: Prefect's state names, the same in every view (the UI, status, list, README).
-RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
+RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = (
+    "Running",
+    "Completed",
+    "Failed",
+    "Crashed",
+    "Cancelled",
+)
 SUSPENDED = "Suspended"  # a run at a wait step, waiting for the inspection form
-UNKNOWN = "Unknown"  # no flow run of the job on this server (a new server or database, another home's, a copy)
-FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)  # a job in one of them has ended; no run carries it on
+# no flow run of the job on this server (a new server or database, another home's, a copy)
+UNKNOWN = "Unknown"
+# a job in one of them has ended; no run carries it on
+FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 
 
 def now_iso() -> str:
@@ -42,8 +51,8 @@ def _iso_time(text: str) -> str:
 
 Timestamp = Annotated[str, AfterValidator(_iso_time)]
 PlainText = Annotated[str, AfterValidator(plain_text)]
-"""A text of the record shown as it is: a damaged file's escape sequences, line breaks and bidi controls become
-spaces as it is read."""
+"""A text of the record shown as it is: a damaged file's escape sequences, line breaks and bidi
+controls become spaces as it is read."""
 
 
 class RecordError(JobError):
@@ -70,7 +79,11 @@ class FileEntry(BaseModel):
             return {"Parquet rows": self.resources}
         if self.name.endswith(".csv"):
             return {"rows": self.resources}
-        return {"resources": self.resources - self.bundles, "Bundles": self.bundles, "bundled": self.bundled}
+        return {
+            "resources": self.resources - self.bundles,
+            "Bundles": self.bundles,
+            "bundled": self.bundled,
+        }
 
 
 class StepRecord(BaseModel):
@@ -119,11 +132,14 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
     try:
         record = JobRecord.model_validate(document if isinstance(document, dict) else None)
     except ValidationError as exc:
-        raise RecordError(f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it") from None
+        raise RecordError(
+            f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it"
+        ) from None
     if isinstance(document, dict) and (version := document.get("version", 1)) != SCHEMA_VERSION:
         raise RecordError(
-            f"{label} has version {repr(version)[:20]}; this dupflow reads version {SCHEMA_VERSION} only: finish "
-            "the job with the dupflow that made it, or start it anew"
+            f"{label} has version {repr(version)[:20]}; this dupflow reads version "
+            f"{SCHEMA_VERSION} only: finish the job with the dupflow that made it, or start it "
+            "anew"
         )
     return record
 
@@ -145,10 +161,13 @@ def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[Job
     Note: nothing is written when the block raises.
     """
     job_dir.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
+    # a flock of its own open file: it excludes threads too
+    with exclusive_lock(job_dir / WRITE_LOCK_FILE):
         record = read_record(job_dir, new)
         yield record
-        write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
+        write_file_atomically(
+            JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode()
+        )
 
 
 def read_facts(job_dir: Path) -> dict[str, Any]:
@@ -158,7 +177,9 @@ def read_facts(job_dir: Path) -> dict[str, Any]:
 def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
     """Merge ``facts`` into the job's facts and return them; None removes a key."""
     with changing_record(job_dir) as record:
-        record.facts = {key: value for key, value in {**record.facts, **facts}.items() if value is not None}
+        record.facts = {
+            key: value for key, value in {**record.facts, **facts}.items() if value is not None
+        }
     return dict(record.facts)
 
 
@@ -171,6 +192,11 @@ def counts_text(files: Iterable[FileEntry]) -> str:
     if totals["resources"] or ("resources" in totals and not totals["Bundles"]):
         parts.append(counted(totals["resources"], "resource"))
     if totals["Bundles"]:
-        parts.append(f"{counted(totals['Bundles'], 'Bundle')} holding {counted(totals['bundled'], 'resource')}")
-    parts += [counted(totals[unit], unit[:-1]) for unit in ("rows", "Parquet rows") if unit in totals]
+        parts.append(
+            f"{counted(totals['Bundles'], 'Bundle')} holding "
+            f"{counted(totals['bundled'], 'resource')}"
+        )
+    parts += [
+        counted(totals[unit], unit[:-1]) for unit in ("rows", "Parquet rows") if unit in totals
+    ]
     return ", ".join(parts) or "0 resources"

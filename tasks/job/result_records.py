@@ -61,7 +61,9 @@ def checked_result(path: Path) -> bytes:
     data, document = read_checked(path)
     result = parsed(document["result"].encode(), f"the result record {path.name}")
     if foreign := next(foreign_names(result), None):
-        raise RecordError(f"the result record {path.name} names {foreign[:120]!r}, no result type of dupflow")
+        raise RecordError(
+            f"the result record {path.name} names {foreign[:120]!r}, no result type of dupflow"
+        )
     return data
 
 

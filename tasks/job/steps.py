@@ -43,7 +43,9 @@ def ndjson_written(settings: Settings) -> NdjsonWriting:
     return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}
 
 
-def download_tracked(client: httpx.Client, url: str, dest: Path, settings: Settings, stall: timedelta) -> FileStats:
+def download_tracked(
+    client: httpx.Client, url: str, dest: Path, settings: Settings, stall: timedelta
+) -> FileStats:
     """Download ``url`` into ``dest``, its progress shown.
 
     Note: an interrupted run stops it at its next chunk.
@@ -81,10 +83,16 @@ def file_shape(path: str | None) -> dict[str, Any]:
         found = Path(path).stat() if path else None
     except OSError:
         found = None
-    return {"path": path, "size": found and found.st_size, "modified_ns": found and found.st_mtime_ns}
+    return {
+        "path": path,
+        "size": found and found.st_size,
+        "modified_ns": found and found.st_mtime_ns,
+    }
 
 
-def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]) -> list[T]:
+def one_batch_at_a_time(
+    batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]
+) -> list[T]:
     """Run ``map_batches`` one batch at a time, on Dask too.
 
     Why: a file's own requests keep its service busy, and the service's ``max_concurrent_requests``
@@ -106,14 +114,18 @@ def write_answers(
     progress: tuple[str, int | None],
     source: str,
 ) -> FileStats:
-    """Ask for each request on ``workers`` threads, write each answer's line in request order to ``dest``.
+    """Ask for each request on ``workers`` threads, write each answer's line in request order to
+    ``dest``.
 
-    Note:
-    - At most ``window`` requests are pending; ``written`` gives an answer's line and the input lines
-      it stands for (``progress``: label, expected lines).
+        Note:
+        - At most ``window`` requests are pending; ``written`` gives an answer's line and the input
+          lines it stands for (``progress``: label, expected lines).
     """
     label, expected = progress
-    with track(label, expected, "lines") as shown, AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
+    with (
+        track(label, expected, "lines") as shown,
+        AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer,
+    ):
         for request, answer in ordered_map(requests, ask, workers, window):
             raise_if_cancelled()
             line, lines = written(request, answer)

@@ -188,8 +188,8 @@ def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
         isinstance(as_object(a).get("attributeRef"), str) for a in attributes
     ):
         raise SofError(
-            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with "
-            "a string attributeRef; fix the CRTDL"
+            f"attribute group {show_name(group_id)}: its attributes must be a list of objects "
+            "with a string attributeRef; fix the CRTDL"
         )
     return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 

@@ -151,6 +151,7 @@ def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
     name = schema.field(int(found["index"])).name
     row = f", row {found['row']}" if found["row"] else ""
     return (
-        f"column {name!r}{row}: a value that is no {found['type']}; its type in the ViewDefinition "
-        "does not fit its values: correct the type or remove it (the column is then text)"
+        f"column {name!r}{row}: a value that is no {found['type']}; its type in the "
+        "ViewDefinition does not fit its values: correct the type or remove it (the column is "
+        "then text)"
     )

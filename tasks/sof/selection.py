@@ -88,8 +88,8 @@ def compile_selection(
     notes += token_notes + ([date_note] if date_note else [])
     if reference_only:
         notes.append(
-            f"includeReferenceOnly (the group takes every {resource_type} of its profile, not only "
-            "those other groups reference)"
+            f"includeReferenceOnly (the group takes every {resource_type} of its profile, not "
+            "only those other groups reference)"
         )
     if must_have:
         notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
@@ -137,8 +137,8 @@ def _token_test(
                 (),
                 set(),
                 [
-                    f"the token filter {shown}: {why}; the group takes its {resource_type}s of any "
-                    "code"
+                    f"the token filter {shown}: {why}; the group takes its {resource_type}s of "
+                    "any code"
                 ],
             )
         paths += [p for p in found if p not in paths]

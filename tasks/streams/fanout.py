@@ -1,5 +1,5 @@
-"""Bounded, cancellable fan-out of blocking calls on threads: ``run_bounded`` (downloads, uploads) and
-``ordered_map`` (service requests, results in input order in bounded memory)."""
+"""Bounded, cancellable fan-out of blocking calls on threads: ``run_bounded`` (downloads, uploads)
+and ``ordered_map`` (service requests, results in input order in bounded memory)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ class _Scope:
     def __init__(self, outer: _Scope | None) -> None:
         self.cancelled, self.creating = threading.Event(), threading.Lock()
         self.stops: set[Callable[[], None]] = set()  # of the blocking calls running (``stopping``)
-        self.inner: weakref.WeakSet[_Scope] = weakref.WeakSet()  # kept as long as a context holds them
+        # kept as long as a context holds them
+        self.inner: weakref.WeakSet[_Scope] = weakref.WeakSet()
         if outer is not None:
             outer.inner.add(self)
             if outer.cancelled.is_set():
@@ -65,7 +66,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     with cancel_scope() as cancel:
         context = contextvars.copy_context()
     cancelled = context[_cancelled].cancelled
-    outcomes: list = [None] * len(calls)
+    outcomes: list[Any] = [None] * len(calls)
     pending = deque(range(len(calls)))  # a deque's appends and pops are thread-safe
 
     def work() -> None:
@@ -78,7 +79,8 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
     try:
-        for thread in threads:  # an interrupt while they start cancels the calls already running too
+        # an interrupt while they start cancels the calls already running too
+        for thread in threads:
             thread.start()
         for thread in threads:
             while thread.is_alive():
@@ -172,13 +174,16 @@ def unless_cancelled() -> Iterator[None]:
         yield
 
 
-def ordered_map(items: Iterable[T], call: Callable[[T], R], workers: int, window: int) -> Iterator[tuple[T, R]]:
-    """``(item, call(item))`` in input order: calls on ``workers`` threads, at most ``window`` pending.
+def ordered_map(
+    items: Iterable[T], call: Callable[[T], R], workers: int, window: int
+) -> Iterator[tuple[T, R]]:
+    """``(item, call(item))`` in input order: calls on ``workers`` threads, at most ``window``
+    pending.
 
-    Note:
-    - The calls run in copies of the caller's context, in a cancel scope of their own: when the oldest
-      failure propagates or the consumer stops, the calls not started are dropped and those running
-      stop at their next ``pause`` or ``raise_if_cancelled``.
+        Note:
+        - The calls run in copies of the caller's context, in a cancel scope of their own: when the
+          oldest failure propagates or the consumer stops, the calls not started are dropped and
+          those running stop at their next ``pause`` or ``raise_if_cancelled``.
     """
     with cancel_scope() as cancel:
         context = contextvars.copy_context()

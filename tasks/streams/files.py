@@ -32,30 +32,41 @@ class JobWriteError(DupflowError, OSError):
 def write_error(exc: OSError, path: Path) -> JobWriteError:
     if exc.errno == errno.ENOSPC:
         return JobWriteError(
-            f"no space left on {path.parent}: cannot write {path.name}; free space there (or set another jobs_dir) "
-            "and try again"
+            f"no space left on {path.parent}: cannot write {path.name}; free space there (or set "
+            "another jobs_dir) and try again"
         )
-    return JobWriteError(f"cannot write {path}: {exc.strerror or exc}; check that the folder exists and is writable")
+    return JobWriteError(
+        f"cannot write {path}: {exc.strerror or exc}; check that the folder exists and is writable"
+    )
 
 
-def write_file_atomically(path: Path, data: bytes, *, private: bool = False, shared: bool = False) -> None:
+def write_file_atomically(
+    path: Path, data: bytes, *, private: bool = False, shared: bool = False
+) -> None:
     """Write a small job file under a temporary name, synced, renamed.
 
     Note: a failure removes it and raises ``JobWriteError``. ``private``: for its owner only.
     Note: ``shared``: others may write ``path`` at once (an S3 manifest record), so the temporary
     name is this writer's own (one writer's rename would take another's file away).
     """
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part")
+    temporary = path.with_name(
+        f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part"
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb", opener=lambda name, flags: os.open(name, flags, 0o600 if private else 0o666)) as out:
+        with open(
+            temporary,
+            "wb",
+            opener=lambda name, flags: os.open(name, flags, 0o600 if private else 0o666),
+        ) as out:
             out.write(data)
             close_synced(out)
         os.replace(temporary, path)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise write_error(exc, path) from None
-    except BaseException:  # Ctrl+C or SIGTERM between open and rename leaves no temporary file either
+    # Ctrl+C or SIGTERM between open and rename leaves no temporary file either
+    except BaseException:
         temporary.unlink(missing_ok=True)
         raise
 
@@ -82,7 +93,9 @@ def start_writeback(fd: int) -> bool:
 
 @functools.cache
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    function = getattr(ctypes.CDLL(None), "sync_file_range", None) if sys.platform == "linux" else None
+    function = (
+        getattr(ctypes.CDLL(None), "sync_file_range", None) if sys.platform == "linux" else None
+    )
     if function is not None:
         function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return function
@@ -94,7 +107,9 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
     Why: the kernel releases it when the holder dies, so a killed holder never leaves it locked.
     """
-    with open(path, "a", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as lock:
+    with open(
+        path, "a", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)
+    ) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

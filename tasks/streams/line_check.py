@@ -12,11 +12,19 @@ from typing import NamedTuple
 
 import simdjson
 
-from tasks.streams.ndjson import LineSplitter, NdjsonError, TruncatedLineError, bytes_upto, iter_chunks, parse_resource
+from tasks.streams.ndjson import (
+    LineSplitter,
+    NdjsonError,
+    TruncatedLineError,
+    bytes_upto,
+    iter_chunks,
+    parse_resource,
+)
 from tasks.streams.ndjson import raw_chunks
 
 UTF8_BOM = b"\xef\xbb\xbf"
-PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
+# a line checker keeps simdjson's buffers for lines up to this size, not larger
+PARSER_KEPT_BYTES = 1 << 20
 
 
 class LineCounts(NamedTuple):
@@ -60,17 +68,19 @@ class LineChecker:
             self._check_line(self.lines, line)
         except NdjsonError:
             raise TruncatedLineError(
-                f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
-                "they are truncated"
+                f"{self._source}: the data end in the middle of line {self.lines}, without a "
+                "newline; they are truncated"
             ) from None
 
     def _check_line(self, number: int, line: bytes) -> None:
-        if not self._is_resource(line):  # parse_resource raises, or a Bundle is counted from its parse
+        # parse_resource raises, or a Bundle is counted from its parse
+        if not self._is_resource(line):
             resource = parse_resource(self._source, number, line)
             if resource["resourceType"] == "Bundle":
                 entry = resource.get("entry")
                 self._add_bundle(len(entry) if type(entry) is list else 0)
-        if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
+        # simdjson's buffers grow to twice the largest line: give them back
+        if len(line) > PARSER_KEPT_BYTES:
             self._parser = simdjson.Parser()
         self.resources += 1
 
@@ -80,12 +90,14 @@ class LineChecker:
             return False
         try:
             document = self._parser.parse(line)
-        except (ValueError, RuntimeError):  # invalid JSON, too deep, a big integer (UnicodeDecodeError included)
+        # invalid JSON, too deep, a big integer (UnicodeDecodeError included)
+        except (ValueError, RuntimeError):
             return False
         try:
             if type(document) is not simdjson.Object:
                 return False
-            # orjson keeps the last of duplicate keys, simdjson's lookup finds the first: only a single key is sure.
+            # orjson keeps the last of duplicate keys, simdjson's lookup finds the first: only a
+            # single key is sure.
             keys = 0
             for key in document:
                 if key == "resourceType":
@@ -113,7 +125,9 @@ def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
     return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
 
 
-def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
+def check_plain_span(
+    path: str, source: str, max_line_bytes: int, start: int, end: int
+) -> LineCounts:
     """Check each line ``path`` holds from ``start`` (a line's start) to ``end``.
 
     Note: errors name ``source`` and count lines from ``start``. Runs in a worker process.

@@ -19,8 +19,10 @@ from tasks.core.names import name_from_data_problem, show_name
 T = TypeVar("T")
 
 CHUNK_SIZE = 1 << 20
-MAX_WINDOW_BYTES = 1 << 27  # the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
-ZSTD_FRAME_HEADER_MAX = 18  # magic, descriptor, window, dictionary id and content size (RFC 8878 3.1.1)
+# the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
+MAX_WINDOW_BYTES = 1 << 27
+# magic, descriptor, window, dictionary id and content size (RFC 8878 3.1.1)
+ZSTD_FRAME_HEADER_MAX = 18
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 END_TEXT = b"the end of a zstd stream"
 END_FRAME = zstandard.ZstdCompressor(write_checksum=True).compress(END_TEXT)
@@ -28,8 +30,9 @@ DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
 BLANK_BYTES = b" \t\r\n\x0b\x0c"  # what ``bytes.strip`` removes
-# ``bytes.split`` reads every byte (0.4 ns each), one by one a line costs 300 ns: split chunks whose first 4 KiB hold
-# lines of 400 bytes or less on average (Patient's 240: in half the time), not over one per 16 (a bomb of newlines).
+# ``bytes.split`` reads every byte (0.4 ns each), one by one a line costs 300 ns: split chunks whose
+# first 4 KiB hold lines of 400 bytes or less on average (Patient's 240: in half the time), not over
+# one per 16 (a bomb of newlines).
 SPLIT_PROBE_BYTES, SPLIT_LINE_BYTES, MIN_LINE_BYTES = 4096, 400, 16
 
 # zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
@@ -55,8 +58,8 @@ class LineTooLongError(NdjsonError):
     def __init__(self, path: Path | str, line_number: int, limit_bytes: int):
         self.path, self.line_number, self.limit_bytes = path, line_number, limit_bytes
         super().__init__(
-            f"{path}: line {line_number} is longer than {limit_bytes // (1024 * 1024)} MB; "
-            "raise pipeline.max_ndjson_line_size_mb if such large resources are expected"
+            f"{path}: line {line_number} is longer than {limit_bytes // (1024 * 1024)} MB; raise "
+            "pipeline.max_ndjson_line_size_mb if such large resources are expected"
         )
 
 
@@ -99,7 +102,9 @@ def starts_zstd(head: bytes) -> bool:
 
     Why: ``pzstd`` starts each file with a skippable frame.
     """
-    return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
+    return head[:4] == ZSTD_MAGIC or (
+        len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"
+    )
 
 
 def is_zstd(path: Path) -> bool:
@@ -125,7 +130,9 @@ class Span:
 WHOLE_FILE = Span()
 
 
-def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Generator[bytes, None, None]:
+def iter_chunks(
+    path: Path, span: Span = WHOLE_FILE, shown: str | None = None
+) -> Generator[bytes, None, None]:
     """Yield the decompressed content of a data file (or a span of it) in chunks.
 
     Note: a zstd file's span is decompressed from the file's start (a zstd stream cannot be entered
@@ -204,8 +211,10 @@ class StreamDecoder:
     def __init__(self, source: str):
         self._source, self._head, self._fed = source, b"", _Fed()
         self._is_zstd: bool | None = None  # told by the first bytes
-        decoder = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
-        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]  # read() is all it calls
+        # windows of at most MAX_WINDOW_BYTES: memory stays bounded
+        decoder = zstandard.ZstdDecompressor()
+        # read() is all it calls
+        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
@@ -213,7 +222,8 @@ class StreamDecoder:
             if len(self._head) < len(ZSTD_MAGIC):
                 return
             chunk, self._is_zstd = self._head, starts_zstd(self._head)
-            self._head = self._head[:ZSTD_FRAME_HEADER_MAX]  # the first frame's header, which says its window
+            # the first frame's header, which says its window
+            self._head = self._head[:ZSTD_FRAME_HEADER_MAX]
         if not self._is_zstd:
             yield chunk
             return
@@ -238,7 +248,8 @@ class StreamDecoder:
             ended = False
         if not ended:
             raise NdjsonError(
-                f"{self._source}: not readable as zstd (the data end in the middle of a frame); they are truncated"
+                f"{self._source}: not readable as zstd (the data end in the middle of a frame); "
+                "they are truncated"
             )
 
     def _unreadable(self, exc: zstandard.ZstdError) -> NdjsonError:
@@ -253,15 +264,18 @@ class StreamDecoder:
             window = 0
         if window > MAX_WINDOW_BYTES:
             return NdjsonError(
-                f"{self._source}: compressed with a {window >> 20} MB window (zstd --long={window.bit_length() - 1}), "
-                f"more than the {MAX_WINDOW_BYTES >> 20} MB a zstd file may ask for here (memory stays bounded); "
-                "compress it again without --long or with --long=27 or less "
-                "(zstd -d --long=31 -c FILE | zstd -c > NEW.ndjson.zst)"
+                f"{self._source}: compressed with a {window >> 20} MB window (zstd "
+                f"--long={window.bit_length() - 1}), more than the {MAX_WINDOW_BYTES >> 20} MB a "
+                "zstd file may ask for here (memory stays bounded); compress it again without "
+                "--long or with --long=27 or less (zstd -d --long=31 -c FILE | zstd -c > "
+                "NEW.ndjson.zst)"
             )
         return NdjsonError(f"{self._source}: not readable as zstd ({exc}); the data are damaged")
 
 
-def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
+def iter_lines(
+    path: Path, max_line_bytes: int, span: Span = WHOLE_FILE
+) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, line)`` for every non-empty line (of ``span``).
 
     Note: blank lines in a row count against the limit within a span: a run that a cut between spans
@@ -282,8 +296,14 @@ class LineSplitter:
     """
 
     def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
-        self._source, self._max, self._pending, self.number = source, max_line_bytes, bytearray(), lines_before
-        self._blank_run_from = self._blank_run_bytes = 0  # the blank lines ending at ``number``: first line, bytes
+        self._source, self._max, self._pending, self.number = (
+            source,
+            max_line_bytes,
+            bytearray(),
+            lines_before,
+        )
+        # the blank lines ending at ``number``: first line, bytes
+        self._blank_run_from = self._blank_run_bytes = 0
 
     def numbered(self, chunk: bytes) -> Iterable[tuple[int, bytes]]:
         """Yield the non-blank lines ending in ``chunk``, with their numbers.
@@ -292,11 +312,20 @@ class LineSplitter:
         (empty, opening with whitespace) or too long; else one by one, so errors come in order.
         """
         most, probe = len(chunk) // MIN_LINE_BYTES + 2, min(len(chunk), SPLIT_PROBE_BYTES)
-        lines = chunk.split(b"\n", most) if chunk.count(b"\n", 0, probe) * SPLIT_LINE_BYTES >= probe else [b""]
+        lines = (
+            chunk.split(b"\n", most)
+            if chunk.count(b"\n", 0, probe) * SPLIT_LINE_BYTES >= probe
+            else [b""]
+        )
         tail = lines.pop()
         if self._pending and lines:
             lines[0] = bytes(self._pending + lines[0])
-        if not lines or len(lines) >= most or min(lines)[:1] <= b" " or max(len(tail), *map(len, lines)) > self._max:
+        if (
+            not lines
+            or len(lines) >= most
+            or min(lines)[:1] <= b" "
+            or max(len(tail), *map(len, lines)) > self._max
+        ):
             return self._one_by_one(chunk)
         first, self.number = self.number + 1, self.number + len(lines)
         self._pending, self._blank_run_bytes = bytearray(tail), 0
@@ -313,8 +342,13 @@ class LineSplitter:
         end = chunk.rfind(b"\n") + 1
         if not end or len(self._pending) + end > self._max or len(chunk) - end > self._max:
             return None
-        if (taken := take(b"".join((self._pending, memoryview(chunk)[:end])))) is not None:  # one copy
-            self.number, self._pending, self._blank_run_bytes = self.number + len(taken), bytearray(chunk[end:]), 0
+        # one copy
+        if (taken := take(b"".join((self._pending, memoryview(chunk)[:end])))) is not None:
+            self.number, self._pending, self._blank_run_bytes = (
+                self.number + len(taken),
+                bytearray(chunk[end:]),
+                0,
+            )
         return taken
 
     def _one_by_one(self, chunk: bytes) -> Iterator[tuple[int, bytes]]:
@@ -325,11 +359,14 @@ class LineSplitter:
                 if self._pending:
                     self._pending += view[start:end]
                     line, self._pending = bytes(self._pending), bytearray()
-                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
+                elif (start == end or chunk[start] in BLANK_BYTES) and (
+                    after := self._skip_blank_lines(chunk, start)
+                ):
                     start = after
                     continue
                 else:
-                    line = chunk[start:end]  # a bytes copy: simdjson parses bytes faster than a view
+                    # a bytes copy: simdjson parses bytes faster than a view
+                    line = chunk[start:end]
                 start = end + 1
                 self.number += 1
                 if len(line) > self._max:
@@ -373,9 +410,9 @@ class LineSplitter:
         self._blank_run_bytes += size
         if self._blank_run_bytes > self._max:
             raise NdjsonError(
-                f"{self._source}: more than {self._max // (1024 * 1024)} MB of blank lines from line "
-                f"{self._blank_run_from} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON "
-                "data: check how the file was made"
+                f"{self._source}: more than {self._max // (1024 * 1024)} MB of blank lines from "
+                f"line {self._blank_run_from} on (the limit is pipeline.max_ndjson_line_size_mb); "
+                "this is not NDJSON data: check how the file was made"
             )
 
 
@@ -407,7 +444,9 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
     return len(chunk)
 
 
-def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict[str, Any]:
+def parse_resource(
+    source: Path | str, line_number: int, line: bytes | bytearray | memoryview
+) -> dict[str, Any]:
     """Parse one NDJSON line as a JSON object with a ``resourceType``.
 
     Note: an error never quotes the line (patient data).
@@ -415,12 +454,19 @@ def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray
     try:
         resource = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc}); the file is not NDJSON") from None
+        raise NdjsonError(
+            f"{source}: line {line_number} is not valid JSON ({exc}); the file is not NDJSON"
+        ) from None
     if not isinstance(resource, dict):
-        raise NdjsonError(f"{source}: line {line_number} is not a JSON object; NDJSON holds one resource per line")
+        raise NdjsonError(
+            f"{source}: line {line_number} is not a JSON object; NDJSON holds one resource per line"
+        )
     resource_type = resource.get("resourceType")
     if not isinstance(resource_type, str) or not resource_type:
-        raise NdjsonError(f"{source}: line {line_number} is a JSON object without a resourceType, not a FHIR resource")
+        raise NdjsonError(
+            f"{source}: line {line_number} is a JSON object without a resourceType, not a FHIR "
+            "resource"
+        )
     return resource
 
 

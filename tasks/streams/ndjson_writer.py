@@ -21,17 +21,26 @@ from tasks.streams.files import close_synced, start_writeback
 from tasks.streams.line_check import LineChecker, LineCounts, check_plain_span
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, ZSTD_LEVELS, CompressionLevel, FileStats
 from tasks.streams.ndjson import NdjsonError, is_zstd, iter_chunks
-from tasks.streams.processes import ProcessCalls, never_cancelled, pool_size, processes_allowed, run_in_process
+from tasks.streams.processes import (
+    ProcessCalls,
+    never_cancelled,
+    pool_size,
+    processes_allowed,
+    run_in_process,
+)
 from tasks.streams.processes import start_workers
 
-# A plain file of at least this size whose writer is told its size (local_import's) is checked in worker processes
-# beside the copy; below, the pool's start costs more. Downloads check as lines arrive (read back: a third more CPU).
+# A plain file of at least this size whose writer is told its size (local_import's) is checked in
+# worker processes beside the copy; below, the pool's start costs more. Downloads check as lines
+# arrive (read back: a third more CPU).
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
-SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
+# a large plain file is checked in spans of about this size as it is written
+SPAN_MIN_BYTES = 8 << 20
 CUT_READ_BYTES = 64 << 10
 COPY_PIECE_BYTES = 64 << 20
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
-WRITEBACK_BYTES = 8 << 20  # the disk is asked to write the file out (``start_writeback``) every this many bytes
+# the disk is asked to write the file out (``start_writeback``) every this many bytes
+WRITEBACK_BYTES = 8 << 20
 ZSTD_THREAD = {"threads": 1, "job_size": 2 << 20, "overlap_log": 1}  # 9.4 MB a context, not 5.5
 
 
@@ -61,13 +70,24 @@ class AtomicNdjsonWriter:
         size_hint: int | None = None,
         zstd_thread: bool = False,
     ):
-        self.dest, self._level, self._max_line_bytes, self._size_hint = dest, level, max_line_bytes, size_hint
+        self.dest, self._level, self._max_line_bytes, self._size_hint = (
+            dest,
+            level,
+            max_line_bytes,
+            size_hint,
+        )
         self._zstd_threads = ZSTD_THREAD if zstd_thread else {"threads": 0}
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
-        check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
-        self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
-        self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
+        check_later = (
+            level is None
+            and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES
+            and processes_allowed()
+        )
+        # None: in a worker
+        self._checker = None if check_later else LineChecker(self._source, max_line_bytes)
+        # of the spans written so far (``_check_span``)
+        self._checks = ProcessCalls(check_plain_span)
         self._checked_to = self._written = self._since_writeback = 0
         if check_later:
             start_workers(check_plain_span.__module__)  # ready for the first span
@@ -76,7 +96,8 @@ class AtomicNdjsonWriter:
 
     def __enter__(self) -> AtomicNdjsonWriter:
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        with unless_cancelled():  # the step removes temporary files after a cancelled fan-out: none may come later
+        # the step removes temporary files after a cancelled fan-out: none may come later
+        with unless_cancelled():
             self._raw = open(self.part, "wb")
         if self._level is None:
             self._out: BinaryIO = self._raw
@@ -84,7 +105,9 @@ class AtomicNdjsonWriter:
             params = zstandard.ZstdCompressionParameters.from_level(
                 ZSTD_LEVELS[self._level], source_size=self._size_hint or 0, **self._zstd_threads
             )
-            self._out = zstandard.ZstdCompressor(compression_params=params).stream_writer(self._raw, closefd=False)
+            self._out = zstandard.ZstdCompressor(compression_params=params).stream_writer(
+                self._raw, closefd=False
+            )
         return self
 
     def write(self, chunk: bytes) -> None:
@@ -97,7 +120,10 @@ class AtomicNdjsonWriter:
         self._ends_with_newline = chunk.endswith(b"\n")
         if self._checker is None:
             self._written += len(chunk)
-            if self._written - self._checked_to >= SPAN_MIN_BYTES and (newline := chunk.rfind(b"\n")) >= 0:
+            if (
+                self._written - self._checked_to >= SPAN_MIN_BYTES
+                and (newline := chunk.rfind(b"\n")) >= 0
+            ):
                 self._check_span(self._written - len(chunk) + newline + 1)
         self._since_writeback += len(chunk)
         if self._since_writeback >= WRITEBACK_BYTES:
@@ -121,7 +147,9 @@ class AtomicNdjsonWriter:
                     while copied:
                         self._written += copied
                         yield copied
-                        copied = os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
+                        copied = os.copy_file_range(
+                            data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES
+                        )
                     if (size := data.seek(0, os.SEEK_END)) > 0:
                         self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
                     return
@@ -187,11 +215,14 @@ class AtomicNdjsonWriter:
     def _summed(self, whole: tuple[str, str, int, int, int]) -> LineCounts:
         """Add up the spans' counts; a bad line is judged in the ``whole`` data."""
         try:
-            return LineCounts(*map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True)))
+            return LineCounts(
+                *map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True))
+            )
         except NdjsonError:
             run_in_process(check_plain_span, *whole, stop_if_cancelled=self._stop_if_cancelled)
             raise
-        except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
+        # a worker died under the check (the OOM killer, a kill): check it here
+        except BrokenProcessPool:
             return check_plain_span(*whole)
 
     def discard(self) -> None:
@@ -218,4 +249,6 @@ def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, i
             if not piece:
                 break
             cuts.append(data.tell() - len(piece) + newline + 1)
-    return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [(start, end)]
+    return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [
+        (start, end)
+    ]

@@ -27,8 +27,9 @@ R = TypeVar("R")
 
 MAX_PROCESSES = 8
 TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
-"""For loky's resource tracker, which takes ``sys.warnoptions`` as its -W flags: a job process ended at once leaves
-the pool's semaphores to it, which warns of "leaked semlock objects" in two lines of 400 characters."""
+"""For loky's resource tracker, which takes ``sys.warnoptions`` as its -W flags: a job process ended
+at once leaves the pool's semaphores to it, which warns of "leaked semlock objects" in two lines of
+400 characters."""
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
@@ -124,7 +125,9 @@ class WorkerPool:
                 if TRACKER_WARNING not in sys.warnoptions:  # before loky starts its tracker
                     sys.warnoptions.append(TRACKER_WARNING)
                 initargs = (os.getpid(), self.preload)
-                self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
+                self.executor = ProcessPoolExecutor(
+                    self.size, initializer=_start_worker, initargs=initargs
+                )
         future: Future[R] = self.executor.submit(function, *args)
         return future
 
@@ -231,7 +234,9 @@ def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
 
     Why: loky's worker would wait for work forever.
     """
-    threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
+    threading.Thread(
+        target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent"
+    ).start()
     _import_modules(preload)
 
 

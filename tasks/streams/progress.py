@@ -78,7 +78,9 @@ def use_display(display: Display) -> None:
 
 
 @contextmanager
-def track(label: str, total: int | None = None, unit: str = "B", files: int = 1) -> Iterator[Tracker]:
+def track(
+    label: str, total: int | None = None, unit: str = "B", files: int = 1
+) -> Iterator[Tracker]:
     """Track work on ``files`` of the step's files (a batch) against ``total``."""
     with _display_tracker(label, total, unit) as shown:
         if (aggregate := _step_progress.get()) is None:
@@ -149,7 +151,9 @@ class FileWork(Tracker):
         return min(1.0, self.done / self.total) if self.total else 0.0
 
 
-_step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar("step_progress", default=None)
+_step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
+    "step_progress", default=None
+)
 
 
 @contextmanager
@@ -188,9 +192,11 @@ class StepProgress:
         self._lock, self._publishing = threading.Lock(), threading.Lock()
         self._started = time.monotonic()
         self._files_started = self._files_finished = self._files_expected = 0
-        self._noun = "files"  # what is counted: "pieces" of the input's files when the step cuts them
+        # what is counted: "pieces" of the input's files when the step cuts them
+        self._noun = "files"
         self._in_work: set[FileWork] = set()
-        self._totals: dict[str, int] = {}  # per unit: the totals of the files started so far (import steps)
+        # per unit: the totals of the files started so far (import steps)
+        self._totals: dict[str, int] = {}
         self._done: dict[str, int] = {}
         self._percent = 0.0
 
@@ -254,12 +260,20 @@ class StepProgress:
         known = self._files_known()
         if finished:
             self._percent = 100.0
-            self._files_finished = max(self._files_finished, known)  # a resumed step's cached pieces never started here
+            # a resumed step's cached pieces never started here
+            self._files_finished = max(self._files_finished, known)
         elif (fraction := self._fraction_done(unit, done)) is not None:
             self._percent = max(self._percent, min(99.9, 100.0 * fraction))
-        files = f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
-        files += f" {self._noun}" + (f" of {counted(self._work.files, 'file')}" if self._noun != "files" else "")
-        amounts = ", ".join(_human(amount, name) for name, amount in sorted(self._done.items())) or "nothing yet"
+        files = (
+            f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
+        )
+        files += f" {self._noun}" + (
+            f" of {counted(self._work.files, 'file')}" if self._noun != "files" else ""
+        )
+        amounts = (
+            ", ".join(_human(amount, name) for name, amount in sorted(self._done.items()))
+            or "nothing yet"
+        )
         rate = _human(done / max(now - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
         return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
@@ -303,7 +317,9 @@ class ProgressArtifact:
         self._next_write = time.monotonic() + ARTIFACT_EVERY_SECONDS
         try:
             if self.id is None:
-                made = self._made_in.copy().run(create_progress_artifact, percent, self.key, description)
+                made = self._made_in.copy().run(
+                    create_progress_artifact, percent, self.key, description
+                )
                 self.id = cast(UUID, made)
             else:
                 self._made_in.copy().run(update_progress_artifact, self.id, percent, description)
@@ -361,7 +377,14 @@ def _new_rich_progress() -> Any:
 
     Note: an ETA only with a total.
     """
-    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        TextColumn,
+    )
     from rich.progress import Task, TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
@@ -376,7 +399,11 @@ def _new_rich_progress() -> Any:
 
         def render(self, task: Task) -> Text:
             unit = task.fields["unit"]
-            return self.transfer.render(task) if unit == "B" else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
+            return (
+                self.transfer.render(task)
+                if unit == "B"
+                else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
+            )
 
     class EtaColumn(ProgressColumn):
         remaining = TimeRemainingColumn()
@@ -384,5 +411,11 @@ def _new_rich_progress() -> Any:
         def render(self, task: Task) -> Text:
             return self.remaining.render(task) if task.total is not None else Text("")
 
-    columns = (TextColumn("{task.description}"), BarColumn(), AmountColumn(), RateColumn(), EtaColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        AmountColumn(),
+        RateColumn(),
+        EtaColumn(),
+    )
     return Progress(*columns, transient=True)

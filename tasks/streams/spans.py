@@ -16,14 +16,17 @@ from tasks.streams.ndjson import WHOLE_FILE, Span, is_zstd, iter_chunks
 from tasks.streams.processes import processes_allowed
 
 MB = 1024 * 1024
-# Worker processes take about 0.9 s to a first result on a busy 2-core machine (a new interpreter each, importing the
-# engine); below this much input that costs more than it saves, so the files are flattened in the calling process.
+# Worker processes take about 0.9 s to a first result on a busy 2-core machine (a new interpreter
+# each, importing the engine); below this much input that costs more than it saves, so the files are
+# flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
-# A file is cut into spans for several processes only when each span gets at least this much (of its content).
+# A file is cut into spans for several processes only when each span gets at least this much (of its
+# content).
 SPAN_MIN_BYTES = 8 * MB
-# A plain file is cut into up to this many spans per process, so that a slow span does not hold up the step's end
-# alone. A zstd file gets one per process: each of its spans decompresses everything before it (a zstd stream cannot
-# be entered in the middle; that is fast beside flattening, and no decompressed copy is written to disk).
+# A plain file is cut into up to this many spans per process, so that a slow span does not hold up
+# the step's end alone. A zstd file gets one per process: each of its spans decompresses everything
+# before it (a zstd stream cannot be entered in the middle; that is fast beside flattening, and no
+# decompressed copy is written to disk).
 PLAIN_SPANS_PER_PROCESS = 2
 
 
@@ -101,7 +104,11 @@ def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
         offset += len(chunk)
     starts = [start for start, _ in marks]
     cuts = sorted({bisect.bisect_left(starts, offset * i // count) for i in range(1, count)})
-    bounds = [marks[0], *(marks[i] for i in cuts if i < len(marks) and 0 < marks[i][0] < offset), (offset, lines)]
+    bounds = [
+        marks[0],
+        *(marks[i] for i in cuts if i < len(marks) and 0 < marks[i][0] < offset),
+        (offset, lines),
+    ]
     return [
         Span(start, None if end == offset else end, before, after - before)
         for (start, before), (end, after) in itertools.pairwise(bounds)

@@ -50,7 +50,8 @@ from pathlib import Path
 
 import httpx
 
-from tasks.clients.downloads import body_pieces, target_names
+from tasks.clients.body_reads import body_pieces
+from tasks.clients.downloads import target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.files import start_writeback

@@ -91,7 +91,7 @@ def run_step(url: str, source: Path, records: Path, batch_size: int) -> float:
 
 
 def run_bare(url: str, source: Path, batch_size: int) -> float:
-    from tasks.send import iter_batches
+    from tasks.clients.transaction_bundles import iter_batches
 
     from tests.sekmet import PASSWORD, USERNAME
 

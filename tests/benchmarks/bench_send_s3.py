@@ -146,7 +146,8 @@ def best_of(runs: int, mode: str, endpoint: str, source: Path) -> dict:
 def measure(mode: str, endpoint: str, source: Path) -> dict:
     from config.services import SendSettings
     from config.settings import RetrySettings, TlsSettings
-    from tasks.clients.s3 import S3Uploader, make_s3_client
+    from tasks.clients.s3 import S3Uploader
+    from tasks.clients.s3_client import make_s3_client
 
     send = SendSettings(
         send_as="s3_upload",

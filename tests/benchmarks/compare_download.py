@@ -99,7 +99,7 @@ class serving:
 
 
 def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
-    from tasks.clients.downloads import body_pieces
+    from tasks.clients.body_reads import body_pieces
 
     folder = Path(out)
 
