@@ -4,6 +4,5 @@ The steps' part of the exception tree (the root's: ``tasks.core.errors``)::
 
     DupflowError
     └── StepError
-        ├── LocalImportError          local_import
-        └── PseudonymizerStepError    pseudonymizer
+        └── LocalImportError          local_import
 """

@@ -52,10 +52,6 @@ TOO_LARGE_HINT = (
 _configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
 
 
-class PseudonymizerStepError(StepError):
-    """The step cannot go on; the message names file, line and resource and the fix."""
-
-
 class FileReport(TypedDict):
     file: str
     resources_in: int
@@ -147,7 +143,7 @@ def pseudonymize_with_service(
 ) -> FileCounts:
     configured = settings.services.pseudonymizer
     if not configured.url:
-        raise PseudonymizerStepError("services.pseudonymizer.url is not set")
+        raise StepError("services.pseudonymizer.url is not set")
     timeout, connections = (
         http_timeout(configured.timeout),
         max(100, configured.max_concurrent_requests),
@@ -212,7 +208,7 @@ def pseudonymize_path(
     if counts.resources_out != counts.resources_in:
         dest.unlink(missing_ok=True)
         went = f"{counts.resources_in} lines went in but {counts.resources_out} came out"
-        raise PseudonymizerStepError(f"{source}: {went}; the output was discarded")
+        raise StepError(f"{source}: {went}; the output was discarded")
     return counts
 
 
@@ -230,7 +226,7 @@ def _pseudonymize_line(
             else ""
         )
         message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
-        raise PseudonymizerStepError(message) from exc
+        raise StepError(message) from exc
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
@@ -240,7 +236,7 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
     try:
         return AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
     except JsonFileError as exc:
-        raise PseudonymizerStepError(str(exc)) from None
+        raise StepError(str(exc)) from None
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
@@ -255,7 +251,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
         return config
     config = read_anonymization_config(path)
     if config is None or config.sha256 != digest:
-        raise PseudonymizerStepError(
+        raise StepError(
             f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no "
             "longer the file the step read at its start); keep the file unchanged while a job "
             "runs"

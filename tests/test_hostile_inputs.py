@@ -26,7 +26,7 @@ from config.errors import ConfigError
 from config.fields import env_var_name
 from config.loader import load_settings, refuse_secret_overrides
 from config.settings import RetrySettings, TlsSettings
-from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
+from tasks.clients.downloads import DownloadError, download_ndjson, safe_file_name, target_names
 from tasks.clients.errors import ServiceError
 from tasks.core.redaction import redact, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
@@ -401,7 +401,7 @@ def test_the_pseudonymizer_timeout_bounds_the_whole_request(tmp_path) -> None:
     ids=["newline", "carriage-return", "bidi-override", "over-255-bytes"],
 )
 def test_unsafe_result_file_names_are_refused_clearly(segment, fragment) -> None:
-    with pytest.raises(UnsafeFileNameError, match=fragment) as error:
+    with pytest.raises(DownloadError, match=fragment) as error:
         safe_file_name(f"http://files.example/result/{segment}", compress=True)
     assert "http://files.example/result/" in str(error.value)
     assert "\n" not in str(error.value) and "\r" not in str(error.value) and "\u202e" not in str(error.value)

@@ -79,7 +79,7 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     log = (job_dir / "job.log").read_text()
     first_trace = log.index("Traceback (most recent call last)")
     assert "Traceback" not in log[log.index("ERROR", first_trace) :], "the trace is logged once, by the first run"
-    assert "Encountered exception during execution: PseudonymizerStepError" in log
+    assert "Encountered exception during execution: StepError" in log
 
     pseudonymizer_fake.state.reset()
     record_facts(job_dir, extraction_submission={"generation": 2, "started_at": "2026-11-23T04:00:00+00:00"})

@@ -18,7 +18,7 @@ from config.settings import TlsSettings
 from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import StepError
-from tasks.pseudonymizer import PseudonymizerStepError, pseudonymize_path
+from tasks.pseudonymizer import pseudonymize_path
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.pseudonymizer import start_pseudonymizer
@@ -178,7 +178,7 @@ def test_a_resource_over_nginxs_body_limit_names_the_limit_to_raise(nginx_front,
     fakes["pseudonymizer"].state.reset()
     source = write_lines(tmp_path / "in.ndjson", [patient(1), patient(2, note=[{"text": "x" * 20_000}])])
 
-    with pytest.raises(PseudonymizerStepError) as caught:
+    with pytest.raises(StepError) as caught:
         pseudonymize_file(nginx_front.urls["tight pseudonymizer"], nginx_front, source, tmp_path / "out.ndjson.zst")
 
     message = str(caught.value)

@@ -23,7 +23,7 @@ from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
 from tasks.pseudonymizer import (
     FileCounts,
-    PseudonymizerStepError,
+    StepError,
     anonymization_config,
     pseudonymize_path,
     pseudonymize_with_service,
@@ -156,7 +156,7 @@ def test_a_rejected_resource_fails_naming_file_line_and_the_services_text_and_le
     broken = {"resourceType": "Parameters", "id": "q1", "parameter": []}
     source = write_lines(tmp_path / "a.ndjson", [patient(1), patient(2), broken, patient(3)])
 
-    with pytest.raises(PseudonymizerStepError) as caught:
+    with pytest.raises(StepError) as caught:
         run_file(pseudonymizer_fake, source, tmp_path / "a.ndjson.zst")
 
     message = str(caught.value)
@@ -170,7 +170,7 @@ def test_an_oversized_entry_fails_naming_file_line_resource_size_threshold_and_r
     bundle["entry"][0]["resource"]["note"][0]["text"] = "y" * (2 * MB)
     source = write_lines(tmp_path / "b.ndjson", [patient(1), bundle])
 
-    with pytest.raises(PseudonymizerStepError) as caught:
+    with pytest.raises(StepError) as caught:
         run_file(pseudonymizer_fake, source, tmp_path / "b.ndjson.zst", split_threshold_mb=1)
 
     message = str(caught.value)
@@ -182,7 +182,7 @@ def test_a_413_fails_with_the_hint_to_lower_the_threshold_or_raise_the_server_li
     pseudonymizer_fake.state.reset(max_body_bytes=500)
     source = write_lines(tmp_path / "c.ndjson", [observation_bundle(count=3, pad=400)])
 
-    with pytest.raises(PseudonymizerStepError) as caught:
+    with pytest.raises(StepError) as caught:
         run_file(pseudonymizer_fake, source, tmp_path / "c.ndjson.zst", split_threshold_mb=1)
 
     assert "HTTP 413" in str(caught.value) and "lower services.pseudonymizer.bundle_split_threshold_mb" in str(
@@ -193,7 +193,7 @@ def test_a_413_fails_with_the_hint_to_lower_the_threshold_or_raise_the_server_li
 
 def test_an_unreadable_anonymization_config_names_the_key_and_the_path(tmp_path):
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(PseudonymizerStepError) as caught:
+    with pytest.raises(StepError) as caught:
         read_anonymization_config(str(missing))
     assert "services.pseudonymizer.anonymization_config" in str(caught.value) and str(missing) in str(caught.value)
 
@@ -273,7 +273,7 @@ def test_a_file_task_in_a_process_that_has_not_seen_the_config_refuses_a_changed
     path.write_bytes(b"rules: []\n")
     digest_the_step_read = hashlib.sha256(b"rules: [old]\n").hexdigest()
 
-    with pytest.raises(PseudonymizerStepError, match="changed while the step ran") as caught:
+    with pytest.raises(StepError, match="changed while the step ran") as caught:
         anonymization_config(str(path), digest_the_step_read)
 
     assert "services.pseudonymizer.anonymization_config" in str(caught.value) and str(path) in str(caught.value)

@@ -56,14 +56,6 @@ class DownloadError(StepError):
     """A download that failed terminally; the message names the URL and what to do."""
 
 
-class UnsafeFileNameError(DownloadError):
-    """A URL whose last segment cannot be used as a file name inside ``import/``."""
-
-
-class FileNotReadyError(DownloadError):
-    """A result file that stayed unavailable through every availability check."""
-
-
 def safe_file_name(url: str, compress: bool) -> str:
     """Name a file ``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``).
 
@@ -74,14 +66,14 @@ def safe_file_name(url: str, compress: bool) -> str:
     # split before decoding: %2F, %3B are data
     segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])
     if problem := name_from_data_problem(segment):
-        raise UnsafeFileNameError(
+        raise DownloadError(
             f"{shown_url(url)}: cannot use {show_name(segment)} as a file name in import/: it "
             f"{problem}; the URL must end with a plain file name"
         )
     try:
         return output_name(segment, compress)
     except UnsafeNameError as exc:
-        raise UnsafeFileNameError(
+        raise DownloadError(
             f"{shown_url(url)}: {exc}; the server must list plain file names"
         ) from None
 
@@ -127,7 +119,7 @@ def wait_until_available(
         if check < checks - 1:
             sleep(interval.total_seconds())
     if checks > 0:
-        raise FileNotReadyError(
+        raise DownloadError(
             f"{shown_url(url)} was still not available after {checks} checks "
             f"{interval.total_seconds():g} s apart; raise services.extractor.file_ready_retries "
             "or file_ready_interval, or run continue later"

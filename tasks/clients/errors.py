@@ -8,14 +8,13 @@ made, OperationOutcome texts when taken. The clients' part of the exception tree
     DupflowError
     ├── ServiceError                a failed call: operation, HTTP status, transient or terminal
     │   ├── TransactionRejected     fhir_server
-    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError,
-    │       CohortPreviewUnsupportedError                               extraction_jobs
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError   extraction_jobs
     ├── ValidationServiceError      validator: a 2xx answer that is no OperationOutcome
     └── StepError
         ├── ExtractionError         extraction_documents
         │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError,
         │   └── ExtractionTimeoutError, StatusUrlMismatchError
-        ├── DownloadError           downloads: FileNotReadyError, UnsafeFileNameError
+        ├── DownloadError           downloads
         └── PseudonymizationError   pseudonymizer: EntryTooLargeError
 """
 

@@ -106,10 +106,6 @@ class SearchRejectedError(ServiceError):
         )
 
 
-class CohortPreviewUnsupportedError(ServiceError):
-    """The server has no $evaluate-cohort (older servers answer 404)."""
-
-
 def refused(
     operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError
 ) -> ServiceError:
@@ -389,9 +385,7 @@ class ExtractionTaskClient(ServiceClient):
                 f"the extraction server at {self.base_url} does not support cohort preview "
                 "($evaluate-cohort exists only in newer servers)"
             )
-            raise refused(
-                "preview cohort", exc.status_code, message, CohortPreviewUnsupportedError
-            ) from exc
+            raise refused("preview cohort", exc.status_code, message) from exc
         return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
