@@ -213,8 +213,10 @@ class StreamDecoder:
         self._is_zstd: bool | None = None  # told by the first bytes
         # windows of at most MAX_WINDOW_BYTES: memory stays bounded
         decoder = zstandard.ZstdDecompressor()
-        # read() is all it calls
-        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]
+        self._reader = decoder.stream_reader(
+            self._fed,  # type: ignore[arg-type]  # read() is all it calls
+            read_across_frames=True,
+        )
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
