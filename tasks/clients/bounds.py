@@ -44,6 +44,7 @@ class Deadline:
         self._end = time.monotonic() + seconds
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._watched: int | None = None
 
     def check(self, operation: str, service: str | None) -> None:
         if self.passed():
@@ -59,12 +60,14 @@ class Deadline:
         drips its headers.
         Note: call ``release`` when the answer is closed.
         """
-        _WATCHDOG.watch(self._end, self)
+        self._watched = _WATCHDOG.watch(self._end, self)
         return {"trace": self._note_connection}
 
     def release(self) -> None:
         with self._lock:
             self._sockets = []  # closed with the answer; nothing left to shut down
+        if self._watched is not None:
+            _WATCHDOG.forget(self._watched)
 
     def _note_connection(self, event: str, info: dict[str, Any]) -> None:
         if event in (
@@ -114,29 +117,43 @@ class _Watchdog:
     Why:
     - A timer thread per request cost each of the pseudonymizer's many small requests a thread
       start.
+    Note: a released deadline is forgotten at once, and the heap rebuilt once most of it is
+    released, so it holds about the requests in flight, not all those of the last deadline's span.
     """
 
     def __init__(self) -> None:
-        self._due: list[tuple[float, int, Deadline]] = []
+        self._due: list[tuple[float, int]] = []
+        self._live: dict[int, Deadline] = {}
         self._changed = threading.Condition()
         self._order = itertools.count()
         self._pid = 0
 
-    def watch(self, end: float, deadline: Deadline) -> None:
+    def watch(self, end: float, deadline: Deadline) -> int:
         with self._changed:
             if self._pid != os.getpid():  # the first deadline of this process (or of a fork)
-                self._pid, self._due = os.getpid(), []
+                self._pid, self._due, self._live = os.getpid(), [], {}
                 threading.Thread(target=self._run, name="deadlines", daemon=True).start()
-            heapq.heappush(self._due, (end, next(self._order), deadline))
-            if self._due[0][2] is deadline:
+            key = next(self._order)
+            self._live[key] = deadline
+            heapq.heappush(self._due, (end, key))
+            if self._due[0][1] == key:
                 self._changed.notify()
+            return key
+
+    def forget(self, key: int) -> None:
+        with self._changed:
+            self._live.pop(key, None)
+            if len(self._due) > 2 * len(self._live) + 64:
+                self._due = [entry for entry in self._due if entry[1] in self._live]
+                heapq.heapify(self._due)
 
     def _run(self) -> None:
         with self._changed:
             while True:
                 now = time.monotonic()
                 while self._due and self._due[0][0] <= now:
-                    heapq.heappop(self._due)[2].shut_down()
+                    if (deadline := self._live.pop(heapq.heappop(self._due)[1], None)) is not None:
+                        deadline.shut_down()
                 self._changed.wait(self._due[0][0] - now if self._due else None)
 
 
