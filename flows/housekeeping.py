@@ -9,7 +9,6 @@ import argparse
 import os
 import shlex
 import shutil
-import sys
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import JobLock, JobLockedError, current_states
 from flows.prefect_api import api_json, filter_rows
+from flows.terminal import print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.core.errors import UsageError
@@ -137,10 +137,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         unfinished = finish_removals(jobs_dir)
         return max(remove_jobs(selection.chosen, jobs_dir), EXIT_FAILED if unfinished else EXIT_OK)
     except ServiceError as exc:
-        print(
-            f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed",
-            file=sys.stderr,
-        )
+        print_stderr(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed")
         return EXIT_FAILED
 
 
@@ -361,7 +358,7 @@ def finish_removals(jobs_dir: Path) -> int:
             continue
         except OSError as exc:
             unfinished += 1
-            print(f"error: could not finish removing {path}: {removal_error(exc)}", file=sys.stderr)
+            print_stderr(f"error: could not finish removing {path}: {removal_error(exc)}")
             continue
         print(
             f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)"
@@ -388,10 +385,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
             failed += 1
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             left = f" (it is left as {trash})" if trash.exists() else ""
-            print(
-                f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}",
-                file=sys.stderr,
-            )
+            print_stderr(f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}")
             continue
         if why_not:
             print(f"skipped {job.job_id}: {why_not}")

@@ -17,12 +17,12 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterTags,
     TaskRunFilter,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
 )
-from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStateType
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, StateType, State
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
-from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Crashed, Pending
 
 from config.runtime import apply_process_defaults

@@ -30,10 +30,10 @@ from tasks.job.layout import (
     is_job_id,
     job_of_tag,
     job_tag,
+    result_name,
+    step_artifact_key,
 )
-from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord
-from tasks.job.record import read_record
+from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord, read_record
 from tasks.job.result_records import read_result_record
 
 LOCK_FILE = ".lock"

@@ -31,6 +31,7 @@ from flows.server_process import (
     process_stopped,
     terminate,
 )
+from flows.terminal import print_stderr
 from tasks.core.errors import DupflowError
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -97,7 +98,7 @@ def use_server() -> None:
         # it read the profile's URL at import
         if (prefect_context := sys.modules.get("prefect.context")) is not None:
             prefect_context.refresh_global_settings_context()
-        print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
+        print_stderr(f"Prefect UI: {ui_url(api_url)}")
 
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
@@ -222,7 +223,7 @@ def start_server(
     ``previous`` is this home's server before, whose port gets time to be freed.
     """
     if note := new_database_note(home):
-        print(note, file=sys.stderr)
+        print_stderr(note)
     port = wanted = home_port(home)
     deadline = time.monotonic() + (
         PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0
@@ -272,7 +273,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
         if port == wanted
         else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     )
-    print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
+    print_stderr(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})")
     env = SERVER_DEFAULTS | server_environment(os.environ)
     env |= {
         "PREFECT_HOME": str(home),

@@ -12,8 +12,17 @@ from typing import Any, NamedTuple
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
-from flows.job_state import current_states, find_job_dir, finished_steps, list_jobs, newest_run
-from flows.job_state import SCHEDULED_NAMES, run_state, step_at_work, suspended_message
+from flows.job_state import (
+    current_states,
+    find_job_dir,
+    finished_steps,
+    list_jobs,
+    newest_run,
+    SCHEDULED_NAMES,
+    run_state,
+    step_at_work,
+    suspended_message,
+)
 from tasks.core.names import show_text
 from tasks.core.readable import (
     CAUSE_CHARS,
@@ -35,9 +44,10 @@ from tasks.job.record import (
     UNKNOWN,
     JobRecord,
     StepRecord,
+    counts_text,
+    RecordError,
+    read_record,
 )
-from tasks.job.record import counts_text
-from tasks.job.record import RecordError, read_record
 
 EXIT_OK = 0
 
