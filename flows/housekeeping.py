@@ -415,11 +415,12 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
             runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
             if why := live_run(runs, (job.state,)):
                 return why
-            records = [f"/artifacts/{a}" for a in job.artifact_ids] + [
-                f"/flow_runs/{r}" for r in job.flow_run_ids
-            ]
-            for path in records:  # artifacts first; a flow run's task runs and logs go with it
-                api_json("DELETE", path)
+            for (
+                artifact_id
+            ) in job.artifact_ids:  # first: a flow run's task runs and logs go with it
+                api_json("DELETE", f"/artifacts/{artifact_id}")
+            for run_id in job.flow_run_ids:
+                api_json("DELETE", f"/flow_runs/{run_id}")
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             # in one step: a kill in rmtree leaves no job that looks whole
             os.replace(job.paths.job_dir, trash)

@@ -59,19 +59,20 @@ class JobLock:
         self._fd: int | None = None
 
     def acquire(self) -> JobLock:
+        directory = self._path.parent
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
             # every record write makes a file beside job.json
-            tempfile.TemporaryFile(dir=self._path.parent).close()
+            tempfile.TemporaryFile(dir=directory).close()
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # never written through: its target could be any file
                 raise JobError(
-                    f"job {self._path.parent.name}: its lock file {self._path} is a symbolic "
+                    f"job {directory.name}: its lock file {self._path} is a symbolic "
                     "link; remove it and run continue"
                 ) from None
             raise JobError(
-                f"job {self._path.parent.name}: cannot write in its directory {self._path.parent} "
+                f"job {directory.name}: cannot write in its directory {directory} "
                 f"({exc.strerror}); make it writable, or copy the job to a writable place, and "
                 "run continue there"
             ) from None
@@ -85,7 +86,7 @@ class JobLock:
             if holder == str(os.getpid()).encode():
                 return self
             raise JobLockedError(
-                f"job {self._path.parent.name} is being worked on by another process; wait for it "
+                f"job {directory.name} is being worked on by another process; wait for it "
                 "to end (or stop it) and run continue"
             ) from exc
         os.ftruncate(fd, 0)

@@ -96,19 +96,19 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 
 # the flags several commands take (argparse copies a default list it appends to)
 FLAGS: dict[str, dict[str, Any]] = {
-    "--dir": dict(help="import directory (overrides services.local_import.dir)"),
-    "--anonymization-config": dict(
-        help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
-    ),
-    "--set": dict(
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
-    ),
-    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
-    "--jobs-dir": dict(help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"),
-    "--json": dict(action="store_true", help="one JSON document (docs/operations.md)"),
+    "--dir": {"help": "import directory (overrides services.local_import.dir)"},
+    "--anonymization-config": {
+        "help": "anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
+    },
+    "--set": {
+        "action": "append",
+        "default": [],
+        "metavar": "KEY=VALUE",
+        "help": "override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
+    },
+    "--no-progress": {"action": "store_true", "help": "no progress bars or progress lines"},
+    "--jobs-dir": {"help": "jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"},
+    "--json": {"action": "store_true", "help": "one JSON document (docs/operations.md)"},
 }
 
 
@@ -282,8 +282,12 @@ def cmd_continue(args: argparse.Namespace) -> int:
     """
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
-    fix = "give the status URL without them; the credentials come from services.extractor.auth"
-    refuse_credentials_in_url(args.attach, door="--attach", fix=fix, tokens=True)
+    refuse_credentials_in_url(
+        args.attach,
+        door="--attach",
+        fix="give the status URL without them; the credentials come from services.extractor.auth",
+        tokens=True,
+    )
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         job = read_record(paths.job_dir)

@@ -9,7 +9,6 @@ from flows.prefect_server import (
     ServerStartError,
     ensure_runner,
     ensure_server,
-    prefect_home,
     server_status,
     stop_server,
     ui_url,
@@ -64,7 +63,7 @@ def print_server(when_set: str, started: str) -> int:
     except ServerStartError as exc:
         print_stderr(f"error: {exc}")
         return 1
-    ensure_runner(prefect_home(), api_url)
+    ensure_runner(api_url)
     print(started.format(ui=ui_url(api_url), api=api_url))
     return 0
 
