@@ -13,14 +13,13 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import JobLock, JobLockedError, current_states
-from flows.prefect_api import api_json, filter_rows
+from flows.prefect_api import ApiObject, api_json, filter_rows
 from flows.terminal import print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
@@ -163,7 +162,8 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
-            size, left_running = size_on_disk(paths.job_dir), unfollowed_extraction(paths, job)
+            size = size_on_disk(paths.job_dir)
+            left_running = unfollowed_extraction(paths, job)
             selection.chosen.append(
                 Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running)
             )
@@ -257,7 +257,7 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+def server_records(paths: JobPaths) -> tuple[list[ApiObject], list[str], list[str]]:
     """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's
     ``dir-…``; a run from before directories were tagged counts for every directory of its job),
     their ids and their artifacts' ids."""
@@ -281,7 +281,7 @@ def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], li
     return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
-def live_run(runs: list[dict[str, Any]], states: tuple[str, ...]) -> str | None:
+def live_run(runs: list[ApiObject], states: tuple[str, ...]) -> str | None:
     """Why the job's server records stay: a run running or paused in a state not named.
 
     Note: None where none stays.

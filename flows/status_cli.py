@@ -23,6 +23,7 @@ from flows.job_state import (
     step_at_work,
     suspended_message,
 )
+from flows.prefect_api import ApiObject
 from tasks.core.names import show_text
 from tasks.core.readable import (
     CAUSE_CHARS,
@@ -52,7 +53,7 @@ from tasks.job.record import (
 EXIT_OK = 0
 
 
-def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
+def state_message(paths: JobPaths, run: ApiObject | None, state: str) -> str:
     """Say what the job's state means and what to do.
 
     Note: the server's message, or this tool's where the server says nothing (a gate, a Resume in
@@ -100,7 +101,7 @@ class JobStatus(NamedTuple):
 
     paths: JobPaths
     job: JobRecord
-    run: dict[str, Any] | None
+    run: ApiObject | None
     state: str
     message: str
     steps: list[StepState]
