@@ -415,9 +415,8 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
             runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
             if why := live_run(runs, (job.state,)):
                 return why
-            for (
-                artifact_id
-            ) in job.artifact_ids:  # first: a flow run's task runs and logs go with it
+            # artifacts first; a flow run's task runs and logs go with it
+            for artifact_id in job.artifact_ids:
                 api_json("DELETE", f"/artifacts/{artifact_id}")
             for run_id in job.flow_run_ids:
                 api_json("DELETE", f"/flow_runs/{run_id}")
