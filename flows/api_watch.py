@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from config.runtime import job_on_command_line, CLI
 from flows.prefect_api import REFUSED, Answer, api_answer
 from flows.prefect_server import prefect_home, read_record, settings_of_home
+from flows.terminal import print_stderr
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
 
@@ -131,8 +132,8 @@ def stop_job(paths: JobPaths, loss: Loss) -> None:
             handler.handle(line)
             handler.flush()
     # after a line Prefect may have left open
-    print(f"\njob {paths.job_id} stopped: {loss.reason}", file=sys.stderr)
+    print_stderr(f"\njob {paths.job_id} stopped: {loss.reason}")
     command = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
-    print(f"{loss.resume_when}, resume with: {command}", file=sys.stderr)
+    print_stderr(f"{loss.resume_when}, resume with: {command}")
     sys.stderr.flush()
     os._exit(EXIT_FAILED)

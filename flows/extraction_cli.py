@@ -16,6 +16,7 @@ from typing import Any
 from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import jobs_dir_of
+from flows.terminal import print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import (
     BASE_URL_SETTING,
@@ -172,7 +173,7 @@ def service_failure_text(exc: ServiceError, server: str | None) -> str:
 def open_client(config_path: str) -> ExtractionTaskClient:
     loaded = load_settings(config_path)
     for warning in loaded.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print_stderr(f"warning: {warning}")
     settings = loaded.settings
     if not settings.services.extractor.base_url:
         raise UsageError(
@@ -187,7 +188,7 @@ def fail(
 ) -> int:
     if args.json:
         print_json({"ok": False, "error": message} | ({"problems": problems} if problems else {}))
-    print(f"error: {message}", file=sys.stderr)
+    print_stderr(f"error: {message}")
     return code
 
 

@@ -9,19 +9,18 @@ import argparse
 import os
 import shlex
 import shutil
-import sys
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import JobLock, JobLockedError, current_states
-from flows.prefect_api import api_json, filter_rows
+from flows.prefect_api import ApiObject, api_json, filter_rows
+from flows.terminal import print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.core.errors import UsageError
@@ -137,10 +136,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         unfinished = finish_removals(jobs_dir)
         return max(remove_jobs(selection.chosen, jobs_dir), EXIT_FAILED if unfinished else EXIT_OK)
     except ServiceError as exc:
-        print(
-            f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed",
-            file=sys.stderr,
-        )
+        print_stderr(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed")
         return EXIT_FAILED
 
 
@@ -166,7 +162,8 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
-            size, left_running = size_on_disk(paths.job_dir), unfollowed_extraction(paths, job)
+            size = size_on_disk(paths.job_dir)
+            left_running = unfollowed_extraction(paths, job)
             selection.chosen.append(
                 Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running)
             )
@@ -260,7 +257,7 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+def server_records(paths: JobPaths) -> tuple[list[ApiObject], list[str], list[str]]:
     """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's
     ``dir-…``; a run from before directories were tagged counts for every directory of its job),
     their ids and their artifacts' ids."""
@@ -284,7 +281,7 @@ def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], li
     return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
-def live_run(runs: list[dict[str, Any]], states: tuple[str, ...]) -> str | None:
+def live_run(runs: list[ApiObject], states: tuple[str, ...]) -> str | None:
     """Why the job's server records stay: a run running or paused in a state not named.
 
     Note: None where none stays.
@@ -361,7 +358,7 @@ def finish_removals(jobs_dir: Path) -> int:
             continue
         except OSError as exc:
             unfinished += 1
-            print(f"error: could not finish removing {path}: {removal_error(exc)}", file=sys.stderr)
+            print_stderr(f"error: could not finish removing {path}: {removal_error(exc)}")
             continue
         print(
             f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)"
@@ -388,10 +385,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
             failed += 1
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             left = f" (it is left as {trash})" if trash.exists() else ""
-            print(
-                f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}",
-                file=sys.stderr,
-            )
+            print_stderr(f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}")
             continue
         if why_not:
             print(f"skipped {job.job_id}: {why_not}")
@@ -421,11 +415,11 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
             runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
             if why := live_run(runs, (job.state,)):
                 return why
-            records = [f"/artifacts/{a}" for a in job.artifact_ids] + [
-                f"/flow_runs/{r}" for r in job.flow_run_ids
-            ]
-            for path in records:  # artifacts first; a flow run's task runs and logs go with it
-                api_json("DELETE", path)
+            # artifacts first; a flow run's task runs and logs go with it
+            for artifact_id in job.artifact_ids:
+                api_json("DELETE", f"/artifacts/{artifact_id}")
+            for run_id in job.flow_run_ids:
+                api_json("DELETE", f"/flow_runs/{run_id}")
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             # in one step: a kill in rmtree leaves no job that looks whole
             os.replace(job.paths.job_dir, trash)

@@ -89,7 +89,7 @@ class JobRecordCard:
         """
         try:
             markdown = job_record_markdown(
-                self._job, self._results, self._failed, (self._state, self._message)
+                self._job, self._results, self._failed, self._state, self._message
             )
             key = artifact_key(self._job.job_id)
             self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
@@ -115,15 +115,15 @@ def this_runs_artifact_id(key: str) -> Any:
 
 
 def job_record_markdown(
-    job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
+    job: Job, results: list[StepResult], failed: BaseException | None, state: str, said: str
 ) -> str:
     """The job record: state, flow run, steps with artifact links, inspections, facts."""
     # empty: links relative to the UI's own origin
     base = (get_current_settings().ui_url or "").rstrip("/")
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
-    message = f" — {one_line_text(job_state[1])}" if job_state[1] else ""
-    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {job_state[0]}**{message}", ""]
+    message = f" — {one_line_text(said)}" if said else ""
+    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {state}**{message}", ""]
     lines += [f"Job directory: `{job.paths.job_dir}`", ""]
     if runtime.flow_run.id:
         lines += [
@@ -131,7 +131,7 @@ def job_record_markdown(
             f"[{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})",
             "",
         ]
-    lines += step_table(job, results, failed, job_state[0], links, base)
+    lines += step_table(job, results, failed, state, links, base)
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):
         lines += ["", f"Other artifacts: {' · '.join(others)}"]

@@ -17,12 +17,12 @@ from prefect.client.schemas.filters import (
     FlowRunFilterId,
     FlowRunFilterTags,
     TaskRunFilter,
+    TaskRunFilterState,
+    TaskRunFilterStateType,
 )
-from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStateType
-from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.objects import FlowRun, StateType, State
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
-from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Crashed, Pending
 
 from config.runtime import apply_process_defaults
@@ -89,9 +89,10 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) 
             )
         reset = reset_parameters(client, run, parameters)
         end_attempt(client, run.id, datetime.now(UTC))
-        again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
         # this process holds the job's lock: none runs it
-        client.set_flow_run_state(run.id, again, force=True)
+        client.set_flow_run_state(
+            run.id, Pending(name=RETRIED, message="continued from the command line"), force=True
+        )
         return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
 
 

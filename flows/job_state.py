@@ -13,12 +13,11 @@ import re
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from config.runtime import CLI, job_on_command_line, prefect_api_url
-from flows.prefect_api import api_json, filter_rows
+from flows.prefect_api import ApiObject, api_json, filter_rows
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
 from tasks.core.json_shapes import JSON, as_object
@@ -30,10 +29,10 @@ from tasks.job.layout import (
     is_job_id,
     job_of_tag,
     job_tag,
+    result_name,
+    step_artifact_key,
 )
-from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord
-from tasks.job.record import read_record
+from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord, read_record
 from tasks.job.result_records import read_result_record
 
 LOCK_FILE = ".lock"
@@ -59,19 +58,20 @@ class JobLock:
         self._fd: int | None = None
 
     def acquire(self) -> JobLock:
+        directory = self._path.parent
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
             # every record write makes a file beside job.json
-            tempfile.TemporaryFile(dir=self._path.parent).close()
+            tempfile.TemporaryFile(dir=directory).close()
             fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:  # never written through: its target could be any file
                 raise JobError(
-                    f"job {self._path.parent.name}: its lock file {self._path} is a symbolic "
+                    f"job {directory.name}: its lock file {self._path} is a symbolic "
                     "link; remove it and run continue"
                 ) from None
             raise JobError(
-                f"job {self._path.parent.name}: cannot write in its directory {self._path.parent} "
+                f"job {directory.name}: cannot write in its directory {directory} "
                 f"({exc.strerror}); make it writable, or copy the job to a writable place, and "
                 "run continue there"
             ) from None
@@ -85,7 +85,7 @@ class JobLock:
             if holder == str(os.getpid()).encode():
                 return self
             raise JobLockedError(
-                f"job {self._path.parent.name} is being worked on by another process; wait for it "
+                f"job {directory.name} is being worked on by another process; wait for it "
                 "to end (or stop it) and run continue"
             ) from exc
         os.ftruncate(fd, 0)
@@ -140,13 +140,13 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
     return f"{waits}; to go on: {resume_hint(job_dir)}"
 
 
-def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
+def latest_runs(directories: dict[str, str]) -> dict[str, ApiObject]:
     """The newest flow run per job (job id → its directory's tag).
 
     Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
     request failed) are left out.
     """
-    job_ids, newest = list(directories), dict[str, dict[str, Any]]()
+    job_ids, newest = list(directories), dict[str, ApiObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
         named: JSON = {"tags": {"any_": [job_tag(job_id) for job_id in page]}}
@@ -161,7 +161,7 @@ def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
     return newest
 
 
-def run_state(run: dict[str, Any] | None) -> str | None:
+def run_state(run: ApiObject | None) -> str | None:
     """A run's state name, made plain (any API client may name one); None for no run."""
     name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
     return plain_text(str(name)) if name else None
@@ -200,13 +200,13 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
     return [*sorted(readable, key=lambda job: job[1].created_at, reverse=True), *unreadable]
 
 
-def newest_run(paths: JobPaths) -> dict[str, Any] | None:
+def newest_run(paths: JobPaths) -> ApiObject | None:
     """The job directory's newest flow run, found by its name; None if none is known."""
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
 def finished_steps(
-    paths: JobPaths, steps: list[str], run: dict[str, Any]
+    paths: JobPaths, steps: list[str], run: ApiObject
 ) -> dict[int, StepRecord | str]:
     """The steps the run's latest attempt finished, by position.
 
@@ -236,7 +236,7 @@ def finished_steps(
 
 
 def step_record(
-    paths: JobPaths, step: str, position: int, state: dict[str, Any]
+    paths: JobPaths, step: str, position: int, state: ApiObject
 ) -> StepRecord | str | None:
     """The record the state names, looked up by name in the job folder (it may move).
 
@@ -264,7 +264,7 @@ def step_record(
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 
-def newest_rows(path: str, **filters: JSON) -> list[dict[str, Any]]:
+def newest_rows(path: str, **filters: JSON) -> list[ApiObject]:
     """Every row of a ``…/filter`` endpoint, newest first; none where the server could not say.
 
     Note:

@@ -22,9 +22,7 @@ from flows.job_crtdl import EffectiveCrtdl, crtdl_input, effective_crtdl, no_crt
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
-from tasks.core.jsonfile import (
-    settings_file_problem,
-)
+from tasks.core.jsonfile import settings_file_problem
 from config.runtime import CLI
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, is_job_id, is_result_url

@@ -277,12 +277,12 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
     # the job's own extraction, given up for another: not left running
     if replaced and replaced != job_id:
         get_run_logger().warning("%s", cancel_replaced_extraction(job.settings, replaced))
-    facts = {
-        "extraction_status_url": attach or None,
-        "extraction_job_id": job_id,
-        "extraction_submission": None,
-    }
-    record_facts(job.paths.job_dir, **facts)
+    record_facts(
+        job.paths.job_dir,
+        extraction_status_url=attach or None,
+        extraction_job_id=job_id,
+        extraction_submission=None,
+    )
 
 
 def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:

@@ -31,6 +31,7 @@ MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE rows is far less
 REFUSED = (401, 403)
 Answer = tuple[int, bytes]
+ApiObject = dict[str, Any]  # a JSON object the API answered: a flow run, a state, an artifact
 
 
 class ApiUnreachableError(DupflowError):
@@ -94,9 +95,9 @@ def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE
     return call_with_retry(attempt, RetrySettings(), **where)
 
 
-def filter_rows(path: str, **filters: JSON) -> list[dict[str, Any]]:
+def filter_rows(path: str, **filters: JSON) -> list[ApiObject]:
     """Every row of a ``…/filter`` endpoint (``filters``: its body), a page at a time."""
-    rows, offset = list[dict[str, Any]](), 0
+    rows, offset = list[ApiObject](), 0
     while True:
         page = as_array(api_json("POST", path, {**filters, "limit": PAGE, "offset": offset}))
         rows += as_objects(page)

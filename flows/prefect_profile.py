@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from config.runtime import PREFECT_DEFAULTS
+from flows.terminal import print_stderr
 
 if TYPE_CHECKING:
     from prefect.settings.profiles import ProfilesCollection
@@ -41,7 +42,7 @@ def start_recording(home: Path, api_url: str, environment: Mapping[str, str]) ->
         out, nothing = subprocess.PIPE, subprocess.DEVNULL
         return subprocess.Popen(command, env=env, stdin=nothing, stdout=out, stderr=out, text=True)
     except OSError as exc:
-        print(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})", file=sys.stderr)
+        print_stderr(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})")
         return None
 
 
@@ -54,13 +55,13 @@ def finish_recording(recording: Recording | None) -> None:
     except subprocess.TimeoutExpired as exc:
         recording.kill()
         recording.communicate()
-        print(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})", file=sys.stderr)
+        print_stderr(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})")
         return
     if recording.returncode != 0:
         why = (err.strip().splitlines() or [f"exit code {recording.returncode}"])[-1]
-        print(f"warning: the Prefect profile {PROFILE!r} was not updated: {why}", file=sys.stderr)
+        print_stderr(f"warning: the Prefect profile {PROFILE!r} was not updated: {why}")
     elif said := out.strip():
-        print(said, file=sys.stderr)
+        print_stderr(said)
 
 
 def recorded(home: Path, api_url: str) -> bool:

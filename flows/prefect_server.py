@@ -31,6 +31,7 @@ from flows.server_process import (
     process_stopped,
     terminate,
 )
+from flows.terminal import print_stderr
 from tasks.core.errors import DupflowError
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -93,11 +94,11 @@ def use_server() -> None:
         require_answer(api_url)
     else:
         os.environ["PREFECT_API_URL"] = api_url = ensure_server()
-        ensure_runner(prefect_home(), api_url)
+        ensure_runner(api_url)
         # it read the profile's URL at import
         if (prefect_context := sys.modules.get("prefect.context")) is not None:
             prefect_context.refresh_global_settings_context()
-        print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
+        print_stderr(f"Prefect UI: {ui_url(api_url)}")
 
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
@@ -120,13 +121,14 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
         return start_server(home, startup_timeout, previous=record).url
 
 
-def ensure_runner(home: Path, api_url: str) -> None:
+def ensure_runner(api_url: str) -> None:
     """Start the home's runner beside its server where it does not run.
 
     Note: detached, its log in ``home``.
     Note: the runner (``flows.job_runs``: Prefect's ``serve``) runs what the UI resumes or retries
     of the command line's jobs.
     """
+    home = prefect_home()
     with exclusive_lock(home / LOCK_FILE), suppress(OSError, ValueError):
         if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
             return
@@ -222,7 +224,7 @@ def start_server(
     ``previous`` is this home's server before, whose port gets time to be freed.
     """
     if note := new_database_note(home):
-        print(note, file=sys.stderr)
+        print_stderr(note)
     port = wanted = home_port(home)
     deadline = time.monotonic() + (
         PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0
@@ -272,7 +274,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
         if port == wanted
         else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     )
-    print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
+    print_stderr(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})")
     env = SERVER_DEFAULTS | server_environment(os.environ)
     env |= {
         "PREFECT_HOME": str(home),
@@ -310,29 +312,29 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
 
 
 SERVER_VARIABLES = {
-    *(
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TMPDIR",
-        "TEMP",
-        "TMP",
-        "TERM",
-        "NO_COLOR",
-    ),
-    *(
-        "VIRTUAL_ENV",
-        "LD_LIBRARY_PATH",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-    ),
-    *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "DO_NOT_TRACK"),
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "TEMP",
+    "TMP",
+    "TERM",
+    "NO_COLOR",
+    "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "DO_NOT_TRACK",
 }
 SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_", "OPENSSL_")
 
@@ -429,11 +431,7 @@ def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) ->
     try:
         settings = json.loads(body)
         same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
-        return (
-            same_home and (NONCE_LOGGER + record.nonce).encode() in body
-            if record.nonce
-            else same_home
-        )
+        return same_home and (not record.nonce or (NONCE_LOGGER + record.nonce).encode() in body)
     except (ValueError, KeyError, TypeError):
         return False
 

@@ -41,12 +41,24 @@ from config.runtime import (
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, server_cli, view_cli
 from flows.api_watch import api_watched
-from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, run_state
-from flows.job_state import suspended_message
-from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url
-from flows.jobs import refuse_invisible_url_characters, step_file_problems
+from flows.job_state import (
+    SCHEDULED_NAMES,
+    JobLock,
+    find_job_dir,
+    newest_run,
+    run_state,
+    suspended_message,
+)
+from flows.jobs import (
+    check_new_job,
+    prepare_job,
+    refuse_extraction_flags_of_a_followed_url,
+    refuse_invisible_url_characters,
+    step_file_problems,
+)
 from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
+from flows.terminal import print_stderr
 from tasks.core.errors import UsageError
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
@@ -84,19 +96,19 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 
 # the flags several commands take (argparse copies a default list it appends to)
 FLAGS: dict[str, dict[str, Any]] = {
-    "--dir": dict(help="import directory (overrides services.local_import.dir)"),
-    "--anonymization-config": dict(
-        help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
-    ),
-    "--set": dict(
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
-    ),
-    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
-    "--jobs-dir": dict(help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"),
-    "--json": dict(action="store_true", help="one JSON document (docs/operations.md)"),
+    "--dir": {"help": "import directory (overrides services.local_import.dir)"},
+    "--anonymization-config": {
+        "help": "anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
+    },
+    "--set": {
+        "action": "append",
+        "default": [],
+        "metavar": "KEY=VALUE",
+        "help": "override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
+    },
+    "--no-progress": {"action": "store_true", "help": "no progress bars or progress lines"},
+    "--jobs-dir": {"help": "jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"},
+    "--json": {"action": "store_true", "help": "one JSON document (docs/operations.md)"},
 }
 
 
@@ -237,8 +249,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     for key, value, source in rows:
         print(f"{key:<{width}}  {value}  ({source})")
     for warning in loaded.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    print("configuration OK", file=sys.stderr)
+        print_stderr(f"warning: {warning}")
+    print_stderr("configuration OK")
     return EXIT_OK
 
 
@@ -270,8 +282,12 @@ def cmd_continue(args: argparse.Namespace) -> int:
     """
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
-    fix = "give the status URL without them; the credentials come from services.extractor.auth"
-    refuse_credentials_in_url(args.attach, door="--attach", fix=fix, tokens=True)
+    refuse_credentials_in_url(
+        args.attach,
+        door="--attach",
+        fix="give the status URL without them; the credentials come from services.extractor.auth",
+        tokens=True,
+    )
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         job = read_record(paths.job_dir)
@@ -328,9 +344,8 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         with job_logging(paths.log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing)
     except KeyboardInterrupt:
-        print(
-            f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}",
-            file=sys.stderr,
+        print_stderr(
+            f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}"
         )
         return EXIT_INTERRUPTED
     return report_outcome(paths, state)
@@ -367,10 +382,9 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
     """Say how the run ended: where the data went, how to go on, or cause and fix."""
     job_ref = job_on_command_line(paths.job_dir)
     if state is None:
-        print(
+        print_stderr(
             f"job {paths.job_id} stopped: its flow run was deleted on the Prefect server; the job "
-            f"folder is kept, and {CLI} continue {job_ref} makes a new run from it",
-            file=sys.stderr,
+            f"folder is kept, and {CLI} continue {job_ref} makes a new run from it"
         )
         return EXIT_FAILED
     if state.is_completed() or state.is_paused():
@@ -382,17 +396,14 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
         return EXIT_OK
     if state.is_cancelled():
         said = plain_text(state.message or "cancelled")
-        print(f"job {paths.job_id} {said}; resume with: {CLI} continue {job_ref}", file=sys.stderr)
+        print_stderr(f"job {paths.job_id} {said}; resume with: {CLI} continue {job_ref}")
         return EXIT_INTERRUPTED
     cause = plain_text(failure_text(state))
-    print(f"job {paths.job_id} failed: {cause}", file=sys.stderr)
-    print(f"full log: {paths.log_file}", file=sys.stderr)
-    print(f"after fixing the cause, resume with: {CLI} continue {job_ref}", file=sys.stderr)
+    print_stderr(f"job {paths.job_id} failed: {cause}")
+    print_stderr(f"full log: {paths.log_file}")
+    print_stderr(f"after fixing the cause, resume with: {CLI} continue {job_ref}")
     if key := setting_named_in(cause):
-        print(
-            f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE",
-            file=sys.stderr,
-        )
+        print_stderr(f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE")
     return EXIT_FAILED
 
 

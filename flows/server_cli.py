@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from config.runtime import prefect_api_url
 from flows.prefect_server import (
     ServerStartError,
     ensure_runner,
     ensure_server,
-    prefect_home,
     server_status,
     stop_server,
     ui_url,
 )
+from flows.terminal import print_stderr
 from tasks.core.url_credentials import shown_url
 
 
@@ -62,9 +61,9 @@ def print_server(when_set: str, started: str) -> int:
     try:
         api_url = ensure_server()
     except ServerStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_stderr(f"error: {exc}")
         return 1
-    ensure_runner(prefect_home(), api_url)
+    ensure_runner(api_url)
     print(started.format(ui=ui_url(api_url), api=api_url))
     return 0
 

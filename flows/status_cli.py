@@ -12,8 +12,18 @@ from typing import Any, NamedTuple
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
-from flows.job_state import current_states, find_job_dir, finished_steps, list_jobs, newest_run
-from flows.job_state import SCHEDULED_NAMES, run_state, step_at_work, suspended_message
+from flows.job_state import (
+    current_states,
+    find_job_dir,
+    finished_steps,
+    list_jobs,
+    newest_run,
+    SCHEDULED_NAMES,
+    run_state,
+    step_at_work,
+    suspended_message,
+)
+from flows.prefect_api import ApiObject
 from tasks.core.names import show_text
 from tasks.core.readable import (
     CAUSE_CHARS,
@@ -35,14 +45,15 @@ from tasks.job.record import (
     UNKNOWN,
     JobRecord,
     StepRecord,
+    counts_text,
+    RecordError,
+    read_record,
 )
-from tasks.job.record import counts_text
-from tasks.job.record import RecordError, read_record
 
 EXIT_OK = 0
 
 
-def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
+def state_message(paths: JobPaths, run: ApiObject | None, state: str) -> str:
     """Say what the job's state means and what to do.
 
     Note: the server's message, or this tool's where the server says nothing (a gate, a Resume in
@@ -90,7 +101,7 @@ class JobStatus(NamedTuple):
 
     paths: JobPaths
     job: JobRecord
-    run: dict[str, Any] | None
+    run: ApiObject | None
     state: str
     message: str
     steps: list[StepState]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from config.runtime import CLI
+from flows.terminal import print_stderr
 from tasks.core.errors import DupflowError
 from tasks.core.json_shapes import as_object
 from tasks.core.jsonfile import JsonFileError, read_json_file
@@ -45,7 +46,7 @@ def dispatch(args: argparse.Namespace) -> int:
         code: int = args.command(args)
         return code
     except DupflowError as exc:
-        print(f"error: {plain_multiline(str(exc))}", file=sys.stderr)  # it may quote a job.json
+        print_stderr(f"error: {plain_multiline(str(exc))}")  # it may quote a job.json
         return EXIT_USAGE
     # the reader went away (``list | head``): stop quietly, and keep Python from complaining
     except BrokenPipeError:
@@ -53,7 +54,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return EXIT_OK
     # outside a job's run or before a row was read (waiting for a server, a listing)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print_stderr("interrupted")
         return EXIT_INTERRUPTED
 
 
@@ -76,19 +77,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def cmd_view_run(args: argparse.Namespace) -> int:
     if args.format == "parquet" and sys.stdout.isatty():
-        print(
-            "view run: Parquet is binary; send it to a file (> rows.parquet) or a pipe",
-            file=sys.stderr,
-        )
+        print_stderr("view run: Parquet is binary; send it to a file (> rows.parquet) or a pipe")
         return EXIT_USAGE
     try:
         definition = read_json_file(Path(args.view), MAX_VIEW_BYTES, args.view)
         view = compile_view(definition)
     except JsonFileError as exc:
-        print(f"view run: {exc}", file=sys.stderr)
+        print_stderr(f"view run: {exc}")
         return EXIT_USAGE
     except ViewDefinitionError as exc:
-        print(f"invalid ViewDefinition {args.view}: {exc}", file=sys.stderr)
+        print_stderr(f"invalid ViewDefinition {args.view}: {exc}")
         return EXIT_USAGE
     resources = Path(args.resources)
     try:
@@ -106,14 +104,14 @@ def cmd_view_run(args: argparse.Namespace) -> int:
         raise
     except (OSError, NdjsonError, ResourceLineError, ViewError) as exc:
         sys.stdout.flush()
-        print(f"view run failed: {exc}", file=sys.stderr)
+        print_stderr(f"view run failed: {exc}")
         return EXIT_FAILED
     except KeyboardInterrupt:
         sys.stdout.flush()  # rows are written whole, so the output ends after the last complete one
         written = (
             "no Parquet was written" if args.format == "parquet" else "the rows above are complete"
         )
-        print(f"view run interrupted (Ctrl+C); {written}", file=sys.stderr)
+        print_stderr(f"view run interrupted (Ctrl+C); {written}")
         return EXIT_INTERRUPTED
     return EXIT_OK
 
