@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
@@ -23,9 +23,14 @@ from config.fields import (
     OptionalStr,
     OptionalUrl,
     Problem,
+    StrList,
+    emit_warning,
+    positive,
+    raise_problems,
+    refuse_invisible_url_characters,
+    refuse_userinfo,
+    zero_means,
 )
-from config.fields import emit_warning, positive, raise_problems, refuse_invisible_url_characters
-from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token: a header name
@@ -222,14 +227,12 @@ def _origins_only(values: list[str]) -> list[str]:
     return [value.strip().rstrip("/") for value in values]
 
 
-_STALL = timedelta(minutes=1)
+STALL_TIMEOUT = timedelta(minutes=1)
 
 
 class ExtractorSettings(ConfigModel):
-    DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
-
     base_url: Annotated[OptionalUrl, _fhir_base("extractor")] = None
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    auth: AuthSettings = AuthSettings()
     extraction_timeout: Annotated[
         Duration, positive("a liveness window of silence, default PT30M")
     ] = timedelta(minutes=30)
@@ -239,7 +242,7 @@ class ExtractorSettings(ConfigModel):
     max_polling_interval: Duration = timedelta(seconds=30)
     file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
-    download_stall_timeout: Annotated[Duration, zero_means(_STALL)] = _STALL
+    download_stall_timeout: Annotated[Duration, zero_means(STALL_TIMEOUT)] = STALL_TIMEOUT
     max_result_files: int = Field(default=100_000, ge=1)
     # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest
     # says the result files need a token (requiresAccessToken); without it no other origin does.
@@ -272,14 +275,15 @@ class PseudonymizerSettings(ConfigModel):
     url: Annotated[OptionalUrl, _fhir_base("pseudonymizer")] = None
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Annotated[Duration, positive("default PT30S")] = timedelta(seconds=30)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    auth: AuthSettings = AuthSettings()
     anonymization_config: OptionalPath = None
     max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
 
 
-class FlatteningSettings(ConfigModel):
-    FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
+FLATTENING_FORMATS = ("csv", "parquet")
 
+
+class FlatteningSettings(ConfigModel):
     service_url: Annotated[OptionalUrl, _fhir_base("flattening")] = None
     lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
@@ -294,7 +298,7 @@ class FlatteningSettings(ConfigModel):
         Why: the Parquet is converted from the finished CSV, and the step's record lists the CSVs.
         """
         names = {name.strip().lower() for name in formats}
-        if unknown := sorted(names - set(cls.FORMATS)):
+        if unknown := sorted(names - set(FLATTENING_FORMATS)):
             raise PydanticCustomError(
                 "formats",
                 "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or "
@@ -307,7 +311,7 @@ class FlatteningSettings(ConfigModel):
                 "csv is always written (a Parquet file is made from its group's CSV): set "
                 "formats: [csv, parquet], or [csv] or remove the key for CSV alone",
             )
-        return [name for name in cls.FORMATS if name in names]
+        return [name for name in FLATTENING_FORMATS if name in names]
 
 
 class TransferSettings(ConfigModel):
@@ -365,23 +369,18 @@ class S3Settings(ConfigModel):
     region: Annotated[OptionalStr, _s3_name("region", _REGION_RULE)] = None
     access_key_id: HeaderSecret = None
     secret_access_key: OptionalSecret = None
-    endpoint: OptionalUrl = Field(
-        default=None, description="an S3-compatible store's address; unset: AWS's"
-    )
+    endpoint: OptionalUrl = None  # an S3-compatible store's address; unset: AWS's
     use_path_style: bool = False
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
-
-
-FHIR_SEND_MODES = ("direct_resource_load", "transfer_load")
 
 
 class SendSettings(ConfigModel):
     send_as: Literal["direct_resource_load", "transfer_load", "s3_upload"] | None = None
     url: Annotated[OptionalUrl, _fhir_base("send")] = None
     batch_size: int = Field(default=100, ge=0, le=1000)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
-    transfer: TransferSettings = Field(default_factory=TransferSettings)
-    s3: S3Settings = Field(default_factory=S3Settings)
+    auth: AuthSettings = AuthSettings()
+    transfer: TransferSettings = TransferSettings()
+    s3: S3Settings = S3Settings()
 
 
 class ValidationSettings(ConfigModel):
@@ -397,12 +396,10 @@ class LocalImportSettings(ConfigModel):
 
 
 class ServicesSettings(ConfigModel):
-    extractor: ExtractorSettings = Field(default_factory=ExtractorSettings)
-    pseudonymizer: PseudonymizerSettings = Field(default_factory=PseudonymizerSettings)
-    flattening: FlatteningSettings = Field(default_factory=FlatteningSettings)
-    send: SendSettings = Field(default_factory=SendSettings)
-    validation: ValidationSettings = Field(default_factory=ValidationSettings)
-    local_import: LocalImportSettings = Field(default_factory=LocalImportSettings)
-    crtdl_preprocessing: CrtdlPreprocessingSettings = Field(
-        default_factory=CrtdlPreprocessingSettings
-    )
+    extractor: ExtractorSettings = ExtractorSettings()
+    pseudonymizer: PseudonymizerSettings = PseudonymizerSettings()
+    flattening: FlatteningSettings = FlatteningSettings()
+    send: SendSettings = SendSettings()
+    validation: ValidationSettings = ValidationSettings()
+    local_import: LocalImportSettings = LocalImportSettings()
+    crtdl_preprocessing: CrtdlPreprocessingSettings = CrtdlPreprocessingSettings()
