@@ -244,7 +244,7 @@ def _display(value: object) -> str:
     if isinstance(value, BaseModel):
         return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
     if isinstance(value, list):
-        return "[" + ", ".join(_display(item) for item in value) + "]"
+        return f"[{', '.join(_display(item) for item in value)}]"
     return hide_query_tokens(str(value))  # a service URL may carry ?access_token=${TOKEN}
 
 

@@ -89,9 +89,10 @@ class AuthSettings(ConfigModel):
         )
         problems: list[Problem] = [("", _BOTH_SCHEMES)] if basic and oauth else []
         for present, (names, needs) in zip((basic, oauth), _SCHEMES, strict=True):
-            missing = [name for name in names if present and name not in present]
             problems += [
-                (name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing
+                (name, f"is missing while {', '.join(present)} is set; {needs}")
+                for name in names
+                if present and name not in present
             ]
         if self.api_key is not None and (key := self.api_key.get_secret_value()) != key.strip(" "):
             problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse it, quoting it
@@ -149,11 +150,13 @@ LEGACY_KEY_PATHS = {
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
-        message = (
-            f"is used together with the deprecated flat keys {', '.join(flat)} in "
-            f"{EXTRACTOR_PATH}; move them into {EXTRACTOR_PATH}.auth and delete the flat keys"
-        )
-        return [("auth", message)]
+        return [
+            (
+                "auth",
+                f"is used together with the deprecated flat keys {', '.join(flat)} in "
+                f"{EXTRACTOR_PATH}; move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
+            )
+        ]
     if flat:
         data["auth"] = {key: data.pop(key) for key in flat}
         emit_warning(

@@ -148,9 +148,14 @@ def flatten_batch(
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
     parts_dir = step.output_dir / PARTS_FOLDER
-    only = [piece for piece, _ in pieces]
     planned = pieces_plan(
-        step.input_dir, only, parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line
+        step.input_dir,
+        [piece for piece, _ in pieces],
+        parts_dir,
+        plan.groups,
+        plan.skipped_ids,
+        by_provenance,
+        max_line,
     )
     lines = [piece.span.lines or whole for piece, whole in pieces]
     total = sum(n for n in lines if n is not None) if None not in lines else None
@@ -248,12 +253,14 @@ def pieces_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
 
-    # a span reads its file's bare routes where ``plan_pieces`` saved them
-    def routes(piece: Piece) -> str:
-        return str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
-
     sources = tuple(
-        PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces
+        PieceSource(
+            str(input_dir / piece.name),
+            piece.span,
+            # a span reads its file's bare routes where ``plan_pieces`` saved them
+            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
+        )
+        for piece in pieces
     )
     return FilePlan(
         sources,
