@@ -22,8 +22,14 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, loc_path
-from config.fields import raise_problems
+from config.fields import (
+    ConfigModel,
+    OptionalPath,
+    StrList,
+    list_from_text,
+    loc_path,
+    raise_problems,
+)
 from tasks.core.jsonfile import JsonFileError, read_json_file
 
 

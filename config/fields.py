@@ -64,10 +64,10 @@ def raise_problems(problems: list[Problem]) -> None:
         )
 
 
-def emit_warning(info: ValidationInfo | None, message: str) -> None:
+def emit_warning(info: ValidationInfo, message: str) -> None:
     """Log a configuration warning and hand it to the loader by the validation context."""
     logger.warning(message)
-    context = info.context if info is not None else None
+    context = info.context
     if isinstance(context, dict) and isinstance(context.get("warnings"), list):
         context["warnings"].append(message)
 

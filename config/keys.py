@@ -68,13 +68,7 @@ def settable_paths() -> frozenset[str]:
 @cache
 def env_var_index() -> dict[str, str]:
     """APP_* variable name -> dotted key path, of the current and deprecated keys."""
-    index: dict[str, str] = {}
-    for path in sorted(settable_paths()):
-        name = env_var_name(path)
-        if name in index:
-            raise RuntimeError(f"keys {index[name]} and {path} share the variable {name}")
-        index[name] = path
-    return index
+    return {env_var_name(path): path for path in sorted(settable_paths())}
 
 
 def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:

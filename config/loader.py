@@ -23,14 +23,25 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
-from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths
-from config.keys import settable_paths, value_at
+from config.keys import (
+    ENRICHMENTS_KEY,
+    env_var_index,
+    leaf_paths,
+    secret_key_paths,
+    settable_paths,
+    value_at,
+)
 from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
-from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens
-from tasks.core.url_credentials import query_tokens, refuse_credentials_in_url
+from tasks.core.url_credentials import (
+    CredentialsInUrlError,
+    has_user_info,
+    hide_query_tokens,
+    query_tokens,
+    refuse_credentials_in_url,
+)
 
 logger = logging.getLogger(CONFIG_LOGGER)
 
@@ -74,8 +85,11 @@ def _set_values(
 
 def _unknown_flag_key(key: str, label: str) -> str:
     close = difflib.get_close_matches(key, leaf_paths(), n=1)
-    hint = "config/example.yaml lists every key, each under its section"
-    hint = f"did you mean {close[0]}?" if close else hint
+    hint = (
+        f"did you mean {close[0]}?"
+        if close
+        else "config/example.yaml lists every key, each under its section"
+    )
     return f"{label}: unknown configuration key {key}; {hint}"
 
 
@@ -171,8 +185,7 @@ def _set_overrides(
     known = [key for key in overrides if key in settable_paths()]
     _set_values(tree, {key: (overrides[key], f"flag {labels[key]}") for key in known}, raw_sources)
     _drop_overridden_shapes(tree, raw_sources)
-    unknown = [key for key in labels if key not in settable_paths()]
-    return [_unknown_flag_key(key, labels[key]) for key in unknown]
+    return [_unknown_flag_key(key, labels[key]) for key in labels if key not in settable_paths()]
 
 
 SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...], str]
@@ -231,7 +244,7 @@ def _display(value: object) -> str:
     if isinstance(value, BaseModel):
         return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
     if isinstance(value, list):
-        return "[" + ", ".join(_display(item) for item in value) + "]"
+        return f"[{', '.join(_display(item) for item in value)}]"
     return hide_query_tokens(str(value))  # a service URL may carry ?access_token=${TOKEN}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
@@ -23,9 +23,14 @@ from config.fields import (
     OptionalStr,
     OptionalUrl,
     Problem,
+    StrList,
+    emit_warning,
+    positive,
+    raise_problems,
+    refuse_invisible_url_characters,
+    refuse_userinfo,
+    zero_means,
 )
-from config.fields import emit_warning, positive, raise_problems, refuse_invisible_url_characters
-from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token: a header name
@@ -84,9 +89,10 @@ class AuthSettings(ConfigModel):
         )
         problems: list[Problem] = [("", _BOTH_SCHEMES)] if basic and oauth else []
         for present, (names, needs) in zip((basic, oauth), _SCHEMES, strict=True):
-            missing = [name for name in names if present and name not in present]
             problems += [
-                (name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing
+                (name, f"is missing while {', '.join(present)} is set; {needs}")
+                for name in names
+                if present and name not in present
             ]
         if self.api_key is not None and (key := self.api_key.get_secret_value()) != key.strip(" "):
             problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse it, quoting it
@@ -144,11 +150,13 @@ LEGACY_KEY_PATHS = {
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
-        message = (
-            f"is used together with the deprecated flat keys {', '.join(flat)} in "
-            f"{EXTRACTOR_PATH}; move them into {EXTRACTOR_PATH}.auth and delete the flat keys"
-        )
-        return [("auth", message)]
+        return [
+            (
+                "auth",
+                f"is used together with the deprecated flat keys {', '.join(flat)} in "
+                f"{EXTRACTOR_PATH}; move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
+            )
+        ]
     if flat:
         data["auth"] = {key: data.pop(key) for key in flat}
         emit_warning(
@@ -222,14 +230,12 @@ def _origins_only(values: list[str]) -> list[str]:
     return [value.strip().rstrip("/") for value in values]
 
 
-_STALL = timedelta(minutes=1)
+STALL_TIMEOUT = timedelta(minutes=1)
 
 
 class ExtractorSettings(ConfigModel):
-    DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
-
     base_url: Annotated[OptionalUrl, _fhir_base("extractor")] = None
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    auth: AuthSettings = AuthSettings()
     extraction_timeout: Annotated[
         Duration, positive("a liveness window of silence, default PT30M")
     ] = timedelta(minutes=30)
@@ -239,7 +245,7 @@ class ExtractorSettings(ConfigModel):
     max_polling_interval: Duration = timedelta(seconds=30)
     file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
-    download_stall_timeout: Annotated[Duration, zero_means(_STALL)] = _STALL
+    download_stall_timeout: Annotated[Duration, zero_means(STALL_TIMEOUT)] = STALL_TIMEOUT
     max_result_files: int = Field(default=100_000, ge=1)
     # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest
     # says the result files need a token (requiresAccessToken); without it no other origin does.
@@ -272,14 +278,15 @@ class PseudonymizerSettings(ConfigModel):
     url: Annotated[OptionalUrl, _fhir_base("pseudonymizer")] = None
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Annotated[Duration, positive("default PT30S")] = timedelta(seconds=30)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    auth: AuthSettings = AuthSettings()
     anonymization_config: OptionalPath = None
     max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
 
 
-class FlatteningSettings(ConfigModel):
-    FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
+FLATTENING_FORMATS = ("csv", "parquet")
 
+
+class FlatteningSettings(ConfigModel):
     service_url: Annotated[OptionalUrl, _fhir_base("flattening")] = None
     lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
@@ -294,7 +301,7 @@ class FlatteningSettings(ConfigModel):
         Why: the Parquet is converted from the finished CSV, and the step's record lists the CSVs.
         """
         names = {name.strip().lower() for name in formats}
-        if unknown := sorted(names - set(cls.FORMATS)):
+        if unknown := sorted(names - set(FLATTENING_FORMATS)):
             raise PydanticCustomError(
                 "formats",
                 "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or "
@@ -307,7 +314,7 @@ class FlatteningSettings(ConfigModel):
                 "csv is always written (a Parquet file is made from its group's CSV): set "
                 "formats: [csv, parquet], or [csv] or remove the key for CSV alone",
             )
-        return [name for name in cls.FORMATS if name in names]
+        return [name for name in FLATTENING_FORMATS if name in names]
 
 
 class TransferSettings(ConfigModel):
@@ -365,23 +372,18 @@ class S3Settings(ConfigModel):
     region: Annotated[OptionalStr, _s3_name("region", _REGION_RULE)] = None
     access_key_id: HeaderSecret = None
     secret_access_key: OptionalSecret = None
-    endpoint: OptionalUrl = Field(
-        default=None, description="an S3-compatible store's address; unset: AWS's"
-    )
+    endpoint: OptionalUrl = None  # an S3-compatible store's address; unset: AWS's
     use_path_style: bool = False
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
-
-
-FHIR_SEND_MODES = ("direct_resource_load", "transfer_load")
 
 
 class SendSettings(ConfigModel):
     send_as: Literal["direct_resource_load", "transfer_load", "s3_upload"] | None = None
     url: Annotated[OptionalUrl, _fhir_base("send")] = None
     batch_size: int = Field(default=100, ge=0, le=1000)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
-    transfer: TransferSettings = Field(default_factory=TransferSettings)
-    s3: S3Settings = Field(default_factory=S3Settings)
+    auth: AuthSettings = AuthSettings()
+    transfer: TransferSettings = TransferSettings()
+    s3: S3Settings = S3Settings()
 
 
 class ValidationSettings(ConfigModel):
@@ -397,12 +399,10 @@ class LocalImportSettings(ConfigModel):
 
 
 class ServicesSettings(ConfigModel):
-    extractor: ExtractorSettings = Field(default_factory=ExtractorSettings)
-    pseudonymizer: PseudonymizerSettings = Field(default_factory=PseudonymizerSettings)
-    flattening: FlatteningSettings = Field(default_factory=FlatteningSettings)
-    send: SendSettings = Field(default_factory=SendSettings)
-    validation: ValidationSettings = Field(default_factory=ValidationSettings)
-    local_import: LocalImportSettings = Field(default_factory=LocalImportSettings)
-    crtdl_preprocessing: CrtdlPreprocessingSettings = Field(
-        default_factory=CrtdlPreprocessingSettings
-    )
+    extractor: ExtractorSettings = ExtractorSettings()
+    pseudonymizer: PseudonymizerSettings = PseudonymizerSettings()
+    flattening: FlatteningSettings = FlatteningSettings()
+    send: SendSettings = SendSettings()
+    validation: ValidationSettings = ValidationSettings()
+    local_import: LocalImportSettings = LocalImportSettings()
+    crtdl_preprocessing: CrtdlPreprocessingSettings = CrtdlPreprocessingSettings()

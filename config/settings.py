@@ -27,15 +27,13 @@ from config.fields import (
     StrList,
     emit_warning,
     env_var_name,
-)
-from config.fields import (
     positive,
     raise_problems,
     refuse_control_characters,
     refuse_invisible_url_characters,
+    zero_means,
 )
-from config.fields import zero_means
-from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
+from config.services import SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
 # The one list of step names: the configuration checks enabled_steps by them, tasks.job.layout
@@ -87,10 +85,10 @@ def _step_name_problems(steps: list[str]) -> list[str]:
         )
         problems.append(f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}")
     for step in [step for step in counts if step in REMOVED_STEPS]:
-        message = (
-            f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        problems.append(
+            f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} "
+            "instead (it produces CSV through the flattening service)"
         )
-        problems.append(message + " (it produces CSV through the flattening service)")
     once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
     duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
     return problems + [f"step {step} is listed more than once; list it once" for step in duplicates]
@@ -224,8 +222,8 @@ class PipelineSettings(ConfigModel):
     wait_timeout: Annotated[Duration, positive("how long a suspended run waits, default P7D")] = (
         timedelta(days=7)
     )
-    file_batches: FileBatchSettings = Field(default_factory=FileBatchSettings)
-    task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
+    file_batches: FileBatchSettings = FileBatchSettings()
+    task_runner: TaskRunnerSettings = TaskRunnerSettings()
 
     @property
     def max_ndjson_line_size_bytes(self) -> int:
@@ -304,7 +302,7 @@ PROXY_AUTH_WITHOUT_ENDPOINT = (
 def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     if send.send_as is None:
         return [("services.send.send_as", _SEND_AS_MISSING)]
-    if send.send_as not in FHIR_SEND_MODES:
+    if send.send_as == "s3_upload":
         return _s3_send_problems(send, info)
     reason = f"for send_as {send.send_as}"
     problems = [_required("services.send.url", reason)] if send.url is None else []
@@ -337,14 +335,14 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
 
 
 class Settings(ConfigModel):
-    services: ServicesSettings = Field(default_factory=ServicesSettings)
+    services: ServicesSettings = ServicesSettings()
     pipeline: PipelineSettings = Field(  # validated from {}: an empty enabled_steps is refused
         default_factory=dict,  # type: ignore[arg-type, unused-ignore]  # pydantic's plugin knows
         validate_default=True,
     )
-    retry: RetrySettings = Field(default_factory=RetrySettings)
-    tls: TlsSettings = Field(default_factory=TlsSettings)
-    compression: CompressionSettings = Field(default_factory=CompressionSettings)
+    retry: RetrySettings = RetrySettings()
+    tls: TlsSettings = TlsSettings()
+    compression: CompressionSettings = CompressionSettings()
     jobs_dir: Annotated[str, AfterValidator(refuse_control_characters)] = Field(
         default="./jobs", min_length=1
     )

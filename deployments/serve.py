@@ -38,7 +38,7 @@ def main() -> None:
         "--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin"
     )
     args = parser.parse_args()
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
 
     schedule = checked_schedule(args)
     from flows.heartbeats import ensure_crash_detection
@@ -48,11 +48,9 @@ def main() -> None:
     given = args.input
     job_input = given if given is None or "://" in given else str(Path(given).resolve())
     parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}
-    # One job at a time: a restart's missed run and the current one are queued, never two
-    # extractions at once.
-    one_at_a_time = ConcurrencyLimitConfig(
-        limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE
-    )
+    # One job at a time: a restart's missed run and the current one are queued (the config's
+    # default collision strategy, ENQUEUE), never two extractions at once.
+    one_at_a_time = ConcurrencyLimitConfig(limit=1)
     pipeline.serve(  # stopped, it pauses its schedules (Prefect's pause_on_shutdown)
         name=args.name,
         schedules=[schedule] if schedule else None,

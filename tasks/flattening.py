@@ -18,25 +18,35 @@ import orjson
 from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.filework import FileToDo, run_batches
 from tasks.job.flattening_outcome import (
     FlatteningError,
     FlattenOutcome,
     engine_errors_as_step_errors,
     new_outcome,
+    refuse_empty_result,
+    report,
 )
-from tasks.job.flattening_outcome import refuse_empty_result, report
-from tasks.streams.progress import Tracker, expect_files, track
-from tasks.sof.view import compile_view
-from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
-from tasks.job.filework import FileToDo, run_batches
+from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
 from tasks.job.steps import file_shape
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
-from tasks.sof.flatten import FileParts, FilePlan, PieceSource, GroupPlan, Router, bare_routes
-from tasks.sof.flatten import flatten_file, has_group_provenance, parquet_file, routes_json
-from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.errors import ResourceLineError
+from tasks.sof.flatten import (
+    FileParts,
+    FilePlan,
+    GroupPlan,
+    PieceSource,
+    Router,
+    bare_routes,
+    flatten_file,
+    has_group_provenance,
+    parquet_file,
+    routes_json,
+)
+from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.resources import parse_line
+from tasks.sof.view import compile_view
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import close_synced, write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, WHOLE_FILE, iter_lines
@@ -48,6 +58,7 @@ from tasks.streams.processes import (
     run_in_process,
     worker_pool,
 )
+from tasks.streams.progress import Tracker, expect_files, track
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 VIEWS_FOLDER = "viewdefinitions"
@@ -81,14 +92,24 @@ def flattening(step: StepInput) -> StepResult:
         if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
             path.unlink()
     if config.service_url:
-        timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
-        endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
+        endpoint = ServiceEndpoint(
+            "flattening",
+            config.service_url,
+            None,
+            http_timeout(config.timeout),
+            setting="services.flattening.service_url",
+        )
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:
             service = Flattener(client)
             service.check()
-            paths, budget = list(step.input_paths()), config.batch_size_mb * MB
             outcome = flatten_with_service(
-                paths, step.output_dir, plan.views, plan.skipped, max_line, service, budget
+                list(step.input_paths()),
+                step.output_dir,
+                plan.views,
+                plan.skipped,
+                max_line,
+                service,
+                config.batch_size_mb * MB,
             )
     else:
         outcome = flatten_step_files(step, plan, max_line)
@@ -127,9 +148,14 @@ def flatten_batch(
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
     parts_dir = step.output_dir / PARTS_FOLDER
-    only = [piece for piece, _ in pieces]
     planned = pieces_plan(
-        step.input_dir, only, parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line
+        step.input_dir,
+        [piece for piece, _ in pieces],
+        parts_dir,
+        plan.groups,
+        plan.skipped_ids,
+        by_provenance,
+        max_line,
     )
     lines = [piece.span.lines or whole for piece, whole in pieces]
     total = sum(n for n in lines if n is not None) if None not in lines else None
@@ -227,12 +253,14 @@ def pieces_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
 
-    # a span reads its file's bare routes where ``plan_pieces`` saved them
-    def routes(piece: Piece) -> str:
-        return str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
-
     sources = tuple(
-        PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces
+        PieceSource(
+            str(input_dir / piece.name),
+            piece.span,
+            # a span reads its file's bare routes where ``plan_pieces`` saved them
+            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
+        )
+        for piece in pieces
     )
     return FilePlan(
         sources,
@@ -290,11 +318,13 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
         cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
         expect_files(len(pieces), "pieces" if cut else "files")
         inputs = {f.name: f for f in step.files}
-        # a span's size is not known
-        sizes = [inputs[p.name].size if p.count == 1 else None for p in pieces]
-        to_do = [
-            FileToDo(p.label, size, (p, inputs[p.name].resources))
-            for p, size in zip(pieces, sizes, strict=True)
+        to_do = [  # a span's size is not known
+            FileToDo(
+                p.label,
+                inputs[p.name].size if p.count == 1 else None,
+                (p, inputs[p.name].resources),
+            )
+            for p in pieces
         ]
         batches = run_batches(
             flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes
@@ -426,10 +456,8 @@ def flatten_with_service(
     per_group = budget // max(len(views), 1)
     outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    groups, selections = (
-        [(v.group.id, v.resource_type) for v in views],
-        [v.selection for v in views],
-    )
+    groups = [(v.group.id, v.resource_type) for v in views]
+    selections = [v.selection for v in views]
     router = Router(groups, [g.id for g in skipped], outs, by_provenance, outcome, selections)
     try:
         with engine_errors_as_step_errors():

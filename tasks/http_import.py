@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from config.services import ExtractorSettings
+from config.services import STALL_TIMEOUT
 from config.settings import Settings
 from tasks.clients.downloads import safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
@@ -27,8 +27,6 @@ from tasks.job.steps import compression_shape, download_tracked
 from tasks.streams.ndjson import FileStats
 from tasks.streams.progress import expect_files
 from tasks.core.url_credentials import shown_url
-
-STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
 
 @step_task("http_import")

@@ -20,21 +20,22 @@ from tasks.clients.pseudonymizer import (
     AnonymizationConfig,
     PseudonymizationError,
     Pseudonymized,
+    Pseudonymizer,
+    resource_label,
 )
-from tasks.clients.pseudonymizer import Pseudonymizer, resource_label
+from tasks.core.errors import StepError
+from tasks.core.jsonfile import JsonFileError
+from tasks.core.kept import KeptByDigest
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
-from tasks.core.errors import StepError
-from tasks.core.kept import KeptByDigest
-from tasks.core.jsonfile import JsonFileError
 from tasks.job.steps import (
     compression_shape,
     file_shape,
     ndjson_written,
     one_batch_at_a_time,
     publish_report,
+    write_answers,
 )
-from tasks.job.steps import write_answers
 from tasks.streams.ndjson import (
     CompressionLevel,
     FileStats,
@@ -144,13 +145,13 @@ def pseudonymize_with_service(
     configured = settings.services.pseudonymizer
     if not configured.url:
         raise StepError("services.pseudonymizer.url is not set")
-    timeout, connections = (
+    endpoint = ServiceEndpoint(
+        "pseudonymizer",
+        configured.url,
+        configured.auth,
         http_timeout(configured.timeout),
         max(100, configured.max_concurrent_requests),
-    )
-    setting = "services.pseudonymizer.url"
-    endpoint = ServiceEndpoint(
-        "pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting
+        setting="services.pseudonymizer.url",
     )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         service = Pseudonymizer(

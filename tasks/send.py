@@ -18,6 +18,10 @@ import orjson
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionRejected
+from tasks.clients.transaction_bundles import Batch, iter_batches
+from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
+from tasks.core.errors import StepError
+from tasks.core.names import show_text
 from tasks.job.contract import (
     DataFile,
     StepInput,
@@ -26,14 +30,10 @@ from tasks.job.contract import (
     commit_each,
     file_task,
     settings_of,
+    step_task,
 )
-from tasks.job.contract import step_task
 from tasks.job.filework import FileToDo
-from tasks.core.errors import StepError
-from tasks.core.names import show_text
 from tasks.job.steps import one_batch_at_a_time
-from tasks.clients.transaction_bundles import Batch, iter_batches
-from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
 
@@ -55,10 +55,8 @@ def send(step: StepInput) -> StepResult:
     files = step.input_files()
     if mode == "direct_resource_load":
         refuse_csv_input(files)
-        core, others = [f for f in files if f.core], [f for f in files if not f.core]
-        reports = send_files(send_files_direct, step, core) + send_files(
-            send_files_direct, step, others
-        )
+        reports = send_files(send_files_direct, step, [f for f in files if f.core])
+        reports += send_files(send_files_direct, step, [f for f in files if not f.core])
         summary = {
             "transactions": sum(r["batches"] for r in reports),
             "entries": sum(r["entries"] for r in reports),
@@ -67,17 +65,12 @@ def send(step: StepInput) -> StepResult:
         reports = send_files(send_files_binary, step, files)
         document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
         summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
-    elif mode == "s3_upload":
+    else:  # s3_upload: the configuration requires send_as for the send step
         reports = send_files(send_files_s3, step, files)
         summary = {
             "bucket": settings.services.send.s3.bucket,
             "objects": [r["key"] for r in reports],
         }
-    else:
-        raise StepError(
-            f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, "
-            "s3_upload"
-        )
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
 
 
@@ -91,9 +84,14 @@ def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[
     )
 
 
+def fhir_server(step: StepInput) -> FhirServer:
+    settings = settings_of(step)
+    return FhirServer.connect(settings.services.send, settings.tls, settings.retry)
+
+
 def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
     settings = settings_of(step)
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+    with fhir_server(step) as server:
         report = send_resources(
             server,
             step.input_path(name),
@@ -106,8 +104,7 @@ def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
 
 
 def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
-    settings = settings_of(step)
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+    with fhir_server(step) as server:
         binary = send_binary(
             server, step.input_path(name), binary_id(step.job_id, name), step.output_dir
         )
@@ -120,11 +117,13 @@ send_files_binary = batch_task("send-files-binary", "send", send_file_binary)
 
 @file_task("send-document-reference", "send[DocumentReference]")
 def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
-    settings = settings_of(step)
-    config = settings.services.send
-    with FhirServer.connect(config, settings.tls, settings.retry) as server:
+    with fhir_server(step) as server:
         return put_document_reference(
-            server, step.output_dir / "transfer.json", step.job_id, binaries, config.transfer
+            server,
+            step.output_dir / "transfer.json",
+            step.job_id,
+            binaries,
+            settings_of(step).services.send.transfer,
         )
 
 

@@ -132,9 +132,13 @@ def validate_with_service(
 ) -> FileValidation:
     service = settings.services.validation
     assert service.url is not None
-    connections, timeout = max(100, service.max_concurrent_requests), http_timeout(READ_TIMEOUT)
     endpoint = ServiceEndpoint(
-        "validation", service.url, None, timeout, connections, setting="services.validation.url"
+        "validation",
+        service.url,
+        None,
+        http_timeout(READ_TIMEOUT),
+        max(100, service.max_concurrent_requests),
+        setting="services.validation.url",
     )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         return validate_path(

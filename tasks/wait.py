@@ -62,10 +62,7 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
             markdown="\n".join([f"# {title}", "", *[f"- {line.strip()}" for line in lines]]),
             description=f"Job {step.job_id}: what to inspect and how to resume",
         )
-        folder, files = step.folder or "", step.files
-        return StepResult(
-            step=step.step, position=step.position, folder=folder, files=files, awaiting=True
-        )
+        return unchanged_result(step, awaiting=True)
     return released_result(step).model_copy(
         update={"summary": {"inspection note": note}} if note else {}
     )
@@ -97,9 +94,7 @@ def released_result(step: StepInput) -> StepResult:
     """
     corrected = corrected_paths(step)
     if not corrected:
-        return StepResult(
-            step=step.step, position=step.position, folder=step.folder or "", files=step.files
-        )
+        return unchanged_result(step)
     seen: dict[str, str] = {}
     for path in corrected:
         if problem := name_from_data_problem(path.name):
@@ -120,6 +115,17 @@ def released_result(step: StepInput) -> StepResult:
         "continuing with %s from %s", counted(len(files), "corrected file"), wait_dir(step)
     )
     return step.result(files, folder=wait_dir(step))
+
+
+def unchanged_result(step: StepInput, awaiting: bool = False) -> StepResult:
+    """Return the gate's input as its result."""
+    return StepResult(
+        step=step.step,
+        position=step.position,
+        folder=step.folder or "",
+        files=step.files,
+        awaiting=awaiting,
+    )
 
 
 def correction_suffixes(step: StepInput) -> tuple[str, ...]:

@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     """Apply them all once all are valid; a failure: one line on stderr, exit 1."""
     apply_process_defaults()  # before anything imports Prefect: it decides telemetry at import
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    automation_file = "automation file (YAML)"
-    parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help=automation_file)
+    parser.add_argument(
+        "file", nargs="?", type=Path, default=NOTIFY_FILE, help="automation file (YAML)"
+    )
     args = parser.parse_args(argv)
     try:
         automations = read_automations(args.file)
