@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 
 from tasks.core.jsonfile import JsonFileError, read_json_file
@@ -20,60 +21,11 @@ MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is 
 # FHIR elements nest a dozen levels; a deeper children chain is a broken file
 MAX_ELEMENT_DEPTH = 64
 
-# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left
-# out.
-LOOKUP_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "array",
-    "items": {"$ref": "#/$defs/lookupTable"},
-    "$defs": {
-        "lookupTable": {
-            "type": "object",
-            "required": ["url", "resourceType", "elements"],
-            "properties": {
-                "url": {"type": "string", "minLength": 1},
-                "resourceType": {"type": "string", "minLength": 1},
-                "elements": {
-                    "type": "object",
-                    "additionalProperties": {"$ref": "#/$defs/lookupElement"},
-                },
-            },
-            "additionalProperties": False,
-        },
-        "lookupElement": {
-            "type": "object",
-            "required": ["viewDefinition"],
-            "properties": {
-                "parent": {"type": "string", "minLength": 1},
-                "children": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                "viewDefinition": {"$ref": "#/$defs/selectClause"},
-            },
-            "additionalProperties": False,
-        },
-        "selectClause": {
-            "type": "object",
-            "properties": {
-                "forEach": {"type": "string", "minLength": 1},
-                "forEachOrNull": {"type": "string", "minLength": 1},
-                "column": {"type": "array", "items": {"$ref": "#/$defs/column"}},
-                "select": {"type": "array", "items": {"$ref": "#/$defs/selectClause"}},
-            },
-            "additionalProperties": False,
-        },
-        "column": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "path": {"type": "string"},
-                "type": {"type": "string"},
-                "collection": {"type": "boolean"},
-                "description": {"type": "string"},
-            },
-            "additionalProperties": False,
-        },
-    },
-}
+LOOKUP_SCHEMA: dict[str, Any] = orjson.loads(
+    Path(__file__).with_name("lookup.schema.json").read_bytes()
+)
+"""The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions
+left out."""
 
 
 @dataclass(frozen=True)
