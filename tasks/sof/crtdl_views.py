@@ -21,46 +21,47 @@ from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
-# The R4 types in the patient compartment whose reference to the patient is their element
-# ``patient``.
-_PATIENT_ELEMENT_TYPES = (
-    *(
-        "AllergyIntolerance",
-        "BodyStructure",
-        "Claim",
-        "ClaimResponse",
-        "Consent",
-        "CoverageEligibilityRequest",
-    ),
-    *(
-        "CoverageEligibilityResponse",
-        "DetectedIssue",
-        "Device",
-        "EpisodeOfCare",
-        "ExplanationOfBenefit",
-    ),
-    *(
-        "FamilyMemberHistory",
-        "Immunization",
-        "ImmunizationEvaluation",
-        "ImmunizationRecommendation",
-    ),
-    *(
-        "MolecularSequence",
-        "NutritionOrder",
-        "RelatedPerson",
-        "SupplyDelivery",
-        "VisionPrescription",
-    ),
-)
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
 # None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(
-        ("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None
+        (
+            "Patient",
+            "Medication",
+            "Organization",
+            "Substance",
+            "Location",
+            "Practitioner",
+            "PractitionerRole",
+        ),
+        None,
     ),
-    "PractitionerRole": None,
-    **dict.fromkeys(_PATIENT_ELEMENT_TYPES, "patient.reference"),
+    # the types whose reference to the patient is their element ``patient``
+    **dict.fromkeys(
+        (
+            "AllergyIntolerance",
+            "BodyStructure",
+            "Claim",
+            "ClaimResponse",
+            "Consent",
+            "CoverageEligibilityRequest",
+            "CoverageEligibilityResponse",
+            "DetectedIssue",
+            "Device",
+            "EpisodeOfCare",
+            "ExplanationOfBenefit",
+            "FamilyMemberHistory",
+            "Immunization",
+            "ImmunizationEvaluation",
+            "ImmunizationRecommendation",
+            "MolecularSequence",
+            "NutritionOrder",
+            "RelatedPerson",
+            "SupplyDelivery",
+            "VisionPrescription",
+        ),
+        "patient.reference",
+    ),
     "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",

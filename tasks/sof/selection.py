@@ -25,6 +25,7 @@ PREFIX_HIERARCHY_SYSTEMS = frozenset(
         "http://www.whocc.no/atc",
     }
 )
+CODING = ("system", "code")
 _NO_START, _NO_END = "", "~"  # below and above every date written as digits
 
 TAKEN, OTHER_PROFILE, FILTERED_OUT = 0, 1, 2
@@ -120,14 +121,8 @@ def _token_test(
             continue  # no code: TORCH searches without one
         name = token["name"]
         found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
-        listed = (
-            [c for c in token["codes"] if isinstance(c, dict)]
-            if isinstance(token["codes"], list)
-            else []
-        )
-        valid = [
-            c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)
-        ]
+        listed = token["codes"] if isinstance(token["codes"], list) else []
+        valid = [c for c in listed if all(isinstance(as_object(c).get(k), str) for k in CODING)]
         if found is None or not valid or len(valid) < len(token["codes"]):
             why = "a code without its system or code"
             if found is None:
