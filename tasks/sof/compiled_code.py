@@ -12,6 +12,7 @@ from itertools import count, product
 from typing import Any
 
 from tasks.sof.fhirpath import MemberPath, Plan
+from tasks.sof.shapes import Row
 
 MAX_GENERATED_DEPTH = 8
 """Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one
@@ -35,7 +36,7 @@ def generated_rows(
     kept: frozenset[type] = KEPT,
     cells: bool = False,
     fields: dict[str, str] | None = None,
-) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
+) -> Callable[[Any], list[Row] | None] | None:
     """``root``'s rows (a ``Select``) as one generated function, or None outside it.
 
     Note: a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each

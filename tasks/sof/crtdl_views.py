@@ -20,6 +20,7 @@ from tasks.sof.errors import SofError, ViewError
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
+from tasks.sof.shapes import JsonObject
 
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
 # None: outside).
@@ -106,7 +107,7 @@ class AttributeGroup:
 class GroupView:
     group: AttributeGroup
     resource_type: str
-    view: dict[str, Any]
+    view: JsonObject
     skipped_attributes: list[str] = field(default_factory=list)
     selection: Selection = field(default_factory=Selection)
     """Which resources of its type it takes from data without Provenance."""
@@ -126,7 +127,7 @@ def short_group_id(group_id: str) -> str:
     return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
 
 
-def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
+def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
     """The CRTDL's attribute groups in order, named as docs/development.md says."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
@@ -163,7 +164,7 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     ]
 
 
-def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
+def with_group_ids(crtdl: JsonObject) -> JsonObject:
     """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
     extraction = crtdl.get("dataExtraction")
     groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
@@ -176,13 +177,13 @@ def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
     return completed
 
 
-def generated_group_id(group: dict[str, Any]) -> str:
+def generated_group_id(group: JsonObject) -> str:
     """The id a group without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
-def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
+def _attribute_refs(group: JsonObject, group_id: str) -> list[str]:
     """The group's ``attributeRef``s in order, each once (else its columns came twice)."""
     attributes = group.get("attributes") or []
     if not isinstance(attributes, list) or not all(
@@ -211,7 +212,7 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
             )
 
 
-def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
+def group_name_problems(crtdl: JsonObject) -> list[str]:
     """Every group whose name cannot name its files, and every two whose files collide.
 
     Note: each names the group and the fix; ``SofError`` as ``attribute_groups``."""
@@ -239,7 +240,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
         patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
     ) is not None:
         fixed.append({"name": "patient", "path": patient_path})
-    selects: list[dict[str, Any]] = [{"column": fixed}]
+    selects: list[JsonObject] = [{"column": fixed}]
     selected = [a for a in group.attributes if a in table.elements]
     skipped = [a for a in group.attributes if a not in table.elements]
     for attribute in selected:
@@ -269,7 +270,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     return GroupView(group, table.resource_type, view, skipped, selection)
 
 
-def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
+def _expanded(table: LookupTable, element_id: str) -> JsonObject:
     snippet = copy.deepcopy(table.snippet(element_id))
     if children := [_expanded(table, child) for child in table.children(element_id)]:
         snippet["select"] = list(snippet.get("select", [])) + children

@@ -27,6 +27,7 @@ from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
+from tasks.sof.shapes import JsonObject, Row
 
 ATTRIBUTE_GROUP_SYSTEM = (
     "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
@@ -39,7 +40,7 @@ _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
-def resource_key(resource: dict[str, Any]) -> str | None:
+def resource_key(resource: JsonObject) -> str | None:
     kind, ident = resource.get("resourceType"), resource.get("id")
     return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
 
@@ -52,7 +53,7 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
+def add_routes(routes: dict[str, set[str]], provenance: JsonObject) -> None:
     """Route each target a TORCH Provenance names to each attribute group it names.
 
     Note: a malformed part routes nothing (what it would have routed counts as unrouted)."""
@@ -92,7 +93,7 @@ def routes_json(routes: dict[str, set[str]]) -> bytes:
 
 
 class Engine(Protocol):
-    def add(self, resource: dict[str, Any]) -> None: ...
+    def add(self, resource: JsonObject) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -134,7 +135,7 @@ class Router:
         self.counts = counts or RouteCounts()
         self.resources = [0] * len(groups)
 
-    def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
+    def route_line(self, resource: JsonObject, bare: dict[str, set[str]]) -> None:
         resources = line_resources(resource)
         routes = bare
         if resource.get("resourceType") == "Bundle" and self.by_provenance:
@@ -146,7 +147,7 @@ class Router:
             if item.get("resourceType") != "Provenance":
                 self.route(item, routes)
 
-    def route(self, resource: dict[str, Any], routes: dict[str, set[str]]) -> None:
+    def route(self, resource: JsonObject, routes: dict[str, set[str]]) -> None:
         kind = str(resource.get("resourceType"))
         skipped = False
         if not self.by_provenance:
@@ -167,7 +168,7 @@ class Router:
             self.resources[target] += 1
             self.engines[target].add(resource)
 
-    def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
+    def route_by_type(self, kind: str, resource: JsonObject) -> None:
         """To each group of its type that takes it; else counted by why no group took it."""
         candidates = self.by_type.get(kind)
         if not candidates:
@@ -239,10 +240,10 @@ class ParsedLine:
 
     def __init__(self, source: Path):
         self.source, self.number, self.line = source, 0, b""
-        self.root: dict[str, Any] | None = None
-        self._exact: list[dict[str, Any]] | None = None
+        self.root: JsonObject | None = None
+        self._exact: list[JsonObject] | None = None
 
-    def parse(self, number: int, line: bytes) -> dict[str, Any]:
+    def parse(self, number: int, line: bytes) -> JsonObject:
         self.number, self.line, self._exact = number, line, None
         try:
             self.root = orjson.loads(line)
@@ -253,7 +254,7 @@ class ParsedLine:
             return parse_line(self.source, number, line)
         return self.root
 
-    def exact(self, resource: dict[str, Any]) -> dict[str, Any]:
+    def exact(self, resource: JsonObject) -> JsonObject:
         if self.root is None:
             return resource
         if self._exact is None:
@@ -272,11 +273,11 @@ class RowsWriter:
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
         self.rows = 0
-        self._pending: list[tuple[Any, ...]] = []
+        self._pending: list[Row] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
-    def add(self, resource: dict[str, Any]) -> None:
+    def add(self, resource: JsonObject) -> None:
         """Take the resource's rows as the view makes them (one may give millions)."""
         try:
             view, cells = self.view, None
@@ -293,7 +294,7 @@ class RowsWriter:
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
-    def _write(self, rows: Iterable[tuple[Any, ...]]) -> None:
+    def _write(self, rows: Iterable[Row]) -> None:
         if self._writer is None:
             # closed by close(), not by a with block: rows come over many calls
             self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
@@ -390,7 +391,7 @@ def compiled_view(view_json: str) -> CompiledView:
     return compile_view(json.loads(view_json))
 
 
-def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
+def parquet_file(csv_path: Path, view: JsonObject, parquet_path: Path) -> int:
     """``tasks.sof.parquet.write_parquet``, imported in the worker.
 
     Why: pyarrow and Arrow's memory (about 100 MB for a large CSV) stay out of the

@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
+from tasks.sof.shapes import JsonObject
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
 # FHIR elements nest a dozen levels; a deeper children chain is a broken file
@@ -32,11 +33,11 @@ left out."""
 class LookupTable:
     url: str
     resource_type: str
-    elements: dict[str, dict[str, Any]]
+    elements: dict[str, JsonObject]
     parents: dict[str, str]
 
-    def snippet(self, element_id: str) -> dict[str, Any]:
-        snippet: dict[str, Any] = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
+    def snippet(self, element_id: str) -> JsonObject:
+        snippet: JsonObject = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
         return snippet
 
     def children(self, element_id: str) -> list[str]:
@@ -124,7 +125,7 @@ def _schema_problem(document: Any, error: Any) -> str:
     return f"{label}: {error.message}{location}"
 
 
-def _table_problems(table: dict[str, Any]) -> list[str]:
+def _table_problems(table: JsonObject) -> list[str]:
     url, elements = table["url"], table["elements"]
     problems = []
     parent_of: dict[str, str] = {}
@@ -149,7 +150,7 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id: str) -> Any:
+def _in_context(elements: JsonObject, parent_of: dict[str, str], element_id: str) -> Any:
     """The element's snippet in its ancestors' iterations, as a group's view holds it.
 
     Note: alone in a chain too deep or a cycle, which ``_cycle_problems`` reports."""
@@ -162,7 +163,7 @@ def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id:
     return in_iterations(snippets[0], snippets[:0:-1])
 
 
-def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> dict[str, Any]:
+def in_iterations(select: JsonObject, ancestors: list[JsonObject]) -> JsonObject:
     """``select`` in each ancestor's ``forEach`` / ``forEachOrNull``, outermost first."""
     for ancestor in reversed(ancestors):
         if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
@@ -170,7 +171,7 @@ def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> di
     return select
 
 
-def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
+def _cycle_problems(url: str, elements: dict[str, JsonObject]) -> list[str]:
     """Cycles in the children links, and chains deeper than ``MAX_ELEMENT_DEPTH``.
 
     Note: each cycle once, at the element it returns to, in any listing order; a depth-first
@@ -216,7 +217,7 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _snippet_problems(
-    url: str, resource_type: str, element_id: str, snippet: dict[str, Any]
+    url: str, resource_type: str, element_id: str, snippet: JsonObject
 ) -> list[str]:
     """A snippet's problems as a select on its own (FHIRPath that parses, columns)."""
     try:
