@@ -34,10 +34,18 @@ from tasks.sof.fhirpath_shared import (
     MAX_COMPUTED_SIZE,
     MAX_EXPRESSION_DEPTH,
     MAX_REPEAT_ELEMENTS,
+    MODEL,
     TOO_DEEP,
+    Env,
+    Item,
+    Paths,
+    data_and_paths,
+    joined,
+    reference_keys,
+    refuse_larger,
+    resource_keys,
+    shown,
 )
-from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
-from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
 Ctx = dict[str, Any]
 """fhirpathpy's evaluation context (its data, variables, model and functions)."""

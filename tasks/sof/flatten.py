@@ -38,6 +38,8 @@ _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
 # A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without
 # searching the line.
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
+Routes = dict[str, set[str]]
+"""Each resource's ``Type/id``: the attribute groups TORCH's Provenance names for it."""
 
 
 def resource_key(resource: JsonObject) -> str | None:
@@ -53,7 +55,7 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def add_routes(routes: dict[str, set[str]], provenance: JsonObject) -> None:
+def add_routes(routes: Routes, provenance: JsonObject) -> None:
     """Route each target a TORCH Provenance names to each attribute group it names.
 
     Note: a malformed part routes nothing (what it would have routed counts as unrouted)."""
@@ -74,9 +76,9 @@ def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
     return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
 
 
-def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
+def bare_routes(path: Path, max_line_bytes: int) -> Routes:
     """The routes of the file's bare (not in a Bundle) attribute-group Provenance."""
-    routes: dict[str, set[str]] = {}
+    routes: Routes = {}
     for number, line in iter_lines(path, max_line_bytes):
         if _BUNDLE_OPENING.match(line):
             continue
@@ -87,7 +89,7 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
     return routes
 
 
-def routes_json(routes: dict[str, set[str]]) -> bytes:
+def routes_json(routes: Routes) -> bytes:
     """Routes as JSON (each resource's groups sorted), for ``routes_of``."""
     return json.dumps({key: sorted(groups) for key, groups in routes.items()}).encode()
 
@@ -135,7 +137,7 @@ class Router:
         self.counts = counts or RouteCounts()
         self.resources = [0] * len(groups)
 
-    def route_line(self, resource: JsonObject, bare: dict[str, set[str]]) -> None:
+    def route_line(self, resource: JsonObject, bare: Routes) -> None:
         resources = line_resources(resource)
         routes = bare
         if resource.get("resourceType") == "Bundle" and self.by_provenance:
@@ -147,7 +149,7 @@ class Router:
             if item.get("resourceType") != "Provenance":
                 self.route(item, routes)
 
-    def route(self, resource: JsonObject, routes: dict[str, set[str]]) -> None:
+    def route(self, resource: JsonObject, routes: Routes) -> None:
         kind = str(resource.get("resourceType"))
         skipped = False
         if not self.by_provenance:
@@ -373,7 +375,7 @@ def flatten_file(
     )
 
 
-def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
+def routes_of(piece: PieceSource, plan: FilePlan) -> Routes:
     """The piece's bare Provenance routes: the parent's for a span, else found here."""
     if not plan.by_provenance:
         return {}

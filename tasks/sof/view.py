@@ -20,7 +20,7 @@ from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import Compiled, compile_path, plain
+from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
 from tasks.sof.struct_rows import block_csv
 from tasks.sof.type_filters import refuse_other_types
@@ -37,7 +37,7 @@ _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum",
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
 CACHED_ROWS = 10_000
-Focus = tuple[Any, str | None]
+Focus = tuple[Any, TypePath]
 """What an expression is evaluated on: the element's JSON data and its FHIR type path."""
 
 
@@ -50,7 +50,7 @@ class Column:
     fhir_type: Any = None
     """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
 
-    def value(self, data: Any, path: str | None, env: Env) -> Any:
+    def value(self, data: Any, path: TypePath, env: Env) -> Any:
         try:
             found = self.evaluate.collect(data, path, env)[0]
         except FhirPathError as exc:
