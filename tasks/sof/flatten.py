@@ -116,7 +116,7 @@ class Router:
 
     Note: groups are ``(group id, resource type)``; ``resources`` per group (in group
     order), what no group took in ``counts``. Without Provenance, a group takes what its
-    ``selections`` entry (by default: its type) takes."""
+    ``selections`` entry (``Selection()``: any of its type) takes."""
 
     def __init__(
         self,
@@ -124,17 +124,16 @@ class Router:
         skipped_ids: Iterable[str],
         engines: Sequence[Engine],
         by_provenance: bool,
-        counts: RouteCounts | None = None,
-        selections: list[Selection] | None = None,
+        counts: RouteCounts,
+        selections: list[Selection],
     ):
         self.index = {group: i for i, (group, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
-        chosen = selections or [Selection()] * len(groups)
         self.by_type: dict[str, list[tuple[int, Selection]]] = {}
         for i, (_, kind) in enumerate(groups):
-            self.by_type.setdefault(kind, []).append((i, chosen[i]))
+            self.by_type.setdefault(kind, []).append((i, selections[i]))
         self.engines, self.by_provenance = engines, by_provenance
-        self.counts = counts or RouteCounts()
+        self.counts = counts
         self.resources = [0] * len(groups)
 
     def route_line(self, resource: JsonObject, bare: Routes) -> None:
@@ -341,8 +340,8 @@ def flatten_file(
     ]
     groups = [(g.id, g.resource_type) for g in plan.groups]
     selections = [g.selection for g in plan.groups]
-    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
-    counts = router.counts
+    counts = RouteCounts()
+    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, counts, selections)
     lines = 0
     try:
         for piece in plan.sources:
