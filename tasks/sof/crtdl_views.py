@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.core.json_shapes import as_array, as_object
@@ -137,30 +137,31 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise SofError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
+        name, refs = str(group.get("name") or group_id), _attribute_refs(group, group_id)
+        must_have = [
+            a["attributeRef"]
+            for a in as_array(group.get("attributes"))
+            if as_object(a).get("mustHave") is True
+        ]
         groups.append(
-            (group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id))
+            AttributeGroup(
+                group_id,
+                name,
+                group["groupReference"],
+                _UNSAFE_FILE_CHARACTERS.sub("_", name),
+                refs,
+                as_array(group.get("filter")),
+                group.get("includeReferenceOnly") is True,
+                must_have,
+            )
         )
-    _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
-    stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
-    shared = {
-        stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1
-    }
+    _refuse_shared_ids([(made.id, made.name) for made in groups])
+    stems = Counter(made.file_stem.casefold() for made in groups)
     return [
-        AttributeGroup(
-            group_id,
-            name,
-            group["groupReference"],
-            stem if stem.casefold() not in shared else f"{stem}-{short_group_id(group_id)}",
-            refs,
-            as_array(group.get("filter")),
-            group.get("includeReferenceOnly") is True,
-            [
-                a["attributeRef"]
-                for a in as_array(group.get("attributes"))
-                if as_object(a).get("mustHave") is True
-            ],
-        )
-        for (group_id, name, group, refs), stem in zip(groups, stems, strict=True)
+        replace(made, file_stem=f"{made.file_stem}-{short_group_id(made.id)}")
+        if stems[made.file_stem.casefold()] > 1
+        else made
+        for made in groups
     ]
 
 
