@@ -108,8 +108,8 @@ class GroupView:
     group: AttributeGroup
     resource_type: str
     view: JsonObject
-    skipped_attributes: list[str] = field(default_factory=list)
-    selection: Selection = field(default_factory=Selection)
+    skipped_attributes: list[str]
+    selection: Selection
     """Which resources of its type it takes from data without Provenance."""
 
 

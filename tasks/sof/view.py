@@ -46,8 +46,8 @@ class Column:
     name: str
     path: str
     evaluate: Compiled
-    collection: bool = False
-    fhir_type: Any = None
+    collection: bool
+    fhir_type: Any
     """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
 
     def value(self, data: Any, path: TypePath, env: Env) -> Any:
