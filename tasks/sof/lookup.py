@@ -107,12 +107,7 @@ def _schema_problem(document: Any, error: Any) -> str:
     """A schema error as text naming the table url and element id it is in."""
     where = list(error.absolute_path)
     label = "lookup file"
-    if (
-        where
-        and isinstance(where[0], int)
-        and isinstance(document, list)
-        and where[0] < len(document)
-    ):
+    if where:  # in the array: the schema makes its root one, and what is not fails at the root
         table = document[where[0]]
         url = table.get("url") if isinstance(table, dict) else None
         label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
