@@ -106,7 +106,7 @@ def compile_selection(
 
 def _unusable(spec: Any) -> str | None:
     """What is wrong with a filter TORCH would not take (no object, no name), or None."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+    if not isinstance(as_object(spec).get("name"), str):
         return f"a filter that is no object with a name ({show_name(str(spec))})"
     return None
 
