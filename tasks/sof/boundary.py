@@ -32,23 +32,16 @@ def boundary(value: Any, type_name: str | None, precision: int | None, *, high: 
     if isinstance(value, int | Decimal | float):
         return _decimal(Decimal(str(value)), precision, high)
     if isinstance(value, FP_Time):
-        return _time(str(value).lstrip("T"), precision, high)
-    if isinstance(value, FP_DateTime):
-        text = str(value)
-        return _datetime(text, precision, high) if "T" in text else _date(text, precision, high)
-    if not isinstance(value, str):
+        value, type_name = str(value).lstrip("T"), "time"
+    elif isinstance(value, FP_DateTime):
+        value, type_name = str(value), None
+    elif not isinstance(value, str):
         return None
-    if type_name == "date":
-        return _date(value, precision, high)
-    if type_name in ("dateTime", "instant"):
-        return _datetime(value, precision, high)
-    if type_name == "time" or (type_name is None and _TIME.match(value) and ":" in value):
-        return _time(value, precision, high)
-    if type_name is None and "T" in value:
-        return _datetime(value, precision, high)
-    if type_name is None and _DATE.match(value):
-        return _date(value, precision, high)
-    return None
+    if type_name is None:  # the text tells: a time has a colon, a date-time a T
+        type_name = "time" if _TIME.match(value) and ":" in value else "date"
+        type_name = "dateTime" if "T" in value else type_name
+    bound = {"date": _date, "dateTime": _datetime, "instant": _datetime, "time": _time}
+    return bound[type_name](value, precision, high) if type_name in bound else None
 
 
 def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | None:

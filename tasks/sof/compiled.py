@@ -12,11 +12,12 @@ from typing import Any
 
 from tasks.sof.compiled_code import KEPT, column_plan, generated_rows
 from tasks.sof.fhirpath import Plan, plain
+from tasks.sof.shapes import Row
 
 Select = Any  # a tasks.sof.view.Select, and below a Column (view imports this module)
 Column = Any
 
-Rows = list[tuple[Any, ...]] | None
+Rows = list[Row] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
 _IRREGULAR = object()
@@ -98,7 +99,7 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
     """The parts' rows in turn, each made when needed; None for more than ``limit``."""
-    found: list[tuple[Any, ...]] = []
+    found: list[Row] = []
     for more in parts:
         if more is None or len(found) + len(more) > limit:
             return None
@@ -113,7 +114,7 @@ def _row_reader(columns: list[Column]) -> Value:
     (values ``plain`` keeps as they are); else column by column."""
     planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
 
-    def read(data: Any, path: Any, env: Any) -> tuple[Any, ...]:
+    def read(data: Any, path: Any, env: Any) -> Row:
         try:
             keys, walks = planned[path]
         except KeyError:

@@ -11,7 +11,8 @@ from decimal import Decimal
 from itertools import count, product
 from typing import Any
 
-from tasks.sof.fhirpath import MemberPath, Plan
+from tasks.sof.fhirpath import MemberPath, Operation, Plan, TypePath
+from tasks.sof.shapes import Row
 
 MAX_GENERATED_DEPTH = 8
 """Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one
@@ -35,7 +36,7 @@ def generated_rows(
     kept: frozenset[type] = KEPT,
     cells: bool = False,
     fields: dict[str, str] | None = None,
-) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
+) -> Callable[[Any], list[Row] | None] | None:
     """``root``'s rows (a ``Select``) as one generated function, or None outside it.
 
     Note: a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each
@@ -101,7 +102,7 @@ class _Writer:
             return f"{value}.{self.fields[key]}"
         return f"{value}.get({self.constant(key)}{default})"
 
-    def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
+    def select(self, select: Any, focus: str, path: TypePath, indent: int) -> tuple[str, bool]:
         """Code giving the select's rows at ``focus`` (of type ``path``).
 
         Note: the name of their list, or of their one row (a tuple) where the select always
@@ -146,7 +147,7 @@ class _Writer:
         return rows, False
 
     def rows_at(
-        self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
+        self, select: Any, focus: str, path: TypePath, indent: int, into: str | None = None
     ) -> tuple[str, bool]:
         """Code giving the product of the select's columns and nested selects at ``focus``.
 
@@ -216,7 +217,7 @@ class _Writer:
         self.emit(indent, f"for {element} in {several}:")
         self.emit(indent + 1, f"{rows}.append({' + '.join(joined)})")
 
-    def column(self, column: Any, focus: str, path: str | None, indent: int) -> str:
+    def column(self, column: Any, focus: str, path: TypePath, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         assert plan is not None  # _in_subset planned every column before the writer starts
@@ -263,7 +264,7 @@ class _Writer:
         text: str | None,
         rows: str,
         select: Any,
-        path: str | None,
+        path: TypePath,
     ) -> None:
         """Code making in ``where``'s pass the row of each element it keeps for ``text``.
 
@@ -277,7 +278,7 @@ class _Writer:
         where.add(text, constant, rows, self.lines)
         self.lines = lines
 
-    def walk(self, operations: tuple[Any, ...], focus: str, indent: int) -> str:
+    def walk(self, operations: tuple[Operation, ...], focus: str, indent: int) -> str:
         """Code giving the elements of an iteration's steps in a list; the list's name.
 
         Note: lists an earlier walk in the block made of its first steps from this focus are
@@ -297,7 +298,7 @@ class _Writer:
         assert found is not None  # member_plan gives plans of one step or more
         return found
 
-    def pairs(self, operations: tuple[Any, ...], focus: str, indent: int) -> bool:
+    def pairs(self, operations: tuple[Operation, ...], focus: str, indent: int) -> bool:
         """Whether a walk opens with two member steps taken as one (``member_pair``)."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
         return (
@@ -305,9 +306,7 @@ class _Writer:
             and (focus, repr(operations[:1]), indent) not in self.walked
         )
 
-    def member_pair(
-        self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int
-    ) -> str:
+    def member_pair(self, first: Operation, second: Operation, focus: str, indent: int) -> str:
         """Code giving the elements of two member steps (``code.coding``); the list's name.
 
         Note: where the first is one object (a 0..1 element, the usual case) no list of one and
@@ -330,7 +329,7 @@ class _Writer:
         self.members(listed, inner_key, inner_at, indent + 1, kept)
         return kept
 
-    def step(self, operation: tuple[Any, ...], found: str | None, focus: str, indent: int) -> str:
+    def step(self, operation: Operation, found: str | None, focus: str, indent: int) -> str:
         """Code giving one step's elements from ``found`` (None: ``focus``); their list."""
         kind, key, argument, at = operation
         kept = self.name("e")
@@ -392,7 +391,7 @@ class _Writer:
             self.lines.append(where.branches)
         return self.groups[known]
 
-    def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
+    def check_object(self, value: str, at: TypePath, indent: int, once: bool = False) -> None:
         """Code giving up unless ``value`` is a JSON object of type ``at``.
 
         Note: ``once``: a focus, checked once a block. A struct was checked as decoded."""
@@ -439,7 +438,7 @@ def _text(lines: Lines) -> str:
     return "".join(line if isinstance(line, str) else line() for line in lines)
 
 
-def _in_subset(select: Any, path: str | None, depth: int) -> bool:
+def _in_subset(select: Any, path: TypePath, depth: int) -> bool:
     """Whether the select and all nested in it are in the generated subset."""
     if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
         return False
@@ -452,7 +451,7 @@ def _in_subset(select: Any, path: str | None, depth: int) -> bool:
     )
 
 
-def column_plan(column: Any, path: str | None) -> Plan | None:
+def column_plan(column: Any, path: TypePath) -> Plan | None:
     """A column's plan where it is a single-valued chain of members."""
     if column.collection:
         return None
@@ -462,7 +461,7 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
     return plan
 
 
-def member_plan(evaluate: Any, path: str | None) -> Plan | None:
+def member_plan(evaluate: Any, path: TypePath) -> Plan | None:
     """The plan from focus type ``path`` of member and where() steps; else None.
 
     Note: ``$this``, no step at all, is left to the closures."""

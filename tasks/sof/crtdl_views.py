@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.core.json_shapes import as_array, as_object
@@ -20,47 +20,49 @@ from tasks.sof.errors import SofError, ViewError
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
+from tasks.sof.shapes import JsonObject
 
-# The R4 types in the patient compartment whose reference to the patient is their element
-# ``patient``.
-_PATIENT_ELEMENT_TYPES = (
-    *(
-        "AllergyIntolerance",
-        "BodyStructure",
-        "Claim",
-        "ClaimResponse",
-        "Consent",
-        "CoverageEligibilityRequest",
-    ),
-    *(
-        "CoverageEligibilityResponse",
-        "DetectedIssue",
-        "Device",
-        "EpisodeOfCare",
-        "ExplanationOfBenefit",
-    ),
-    *(
-        "FamilyMemberHistory",
-        "Immunization",
-        "ImmunizationEvaluation",
-        "ImmunizationRecommendation",
-    ),
-    *(
-        "MolecularSequence",
-        "NutritionOrder",
-        "RelatedPerson",
-        "SupplyDelivery",
-        "VisionPrescription",
-    ),
-)
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
 # None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(
-        ("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None
+        (
+            "Patient",
+            "Medication",
+            "Organization",
+            "Substance",
+            "Location",
+            "Practitioner",
+            "PractitionerRole",
+        ),
+        None,
     ),
-    "PractitionerRole": None,
-    **dict.fromkeys(_PATIENT_ELEMENT_TYPES, "patient.reference"),
+    # the types whose reference to the patient is their element ``patient``
+    **dict.fromkeys(
+        (
+            "AllergyIntolerance",
+            "BodyStructure",
+            "Claim",
+            "ClaimResponse",
+            "Consent",
+            "CoverageEligibilityRequest",
+            "CoverageEligibilityResponse",
+            "DetectedIssue",
+            "Device",
+            "EpisodeOfCare",
+            "ExplanationOfBenefit",
+            "FamilyMemberHistory",
+            "Immunization",
+            "ImmunizationEvaluation",
+            "ImmunizationRecommendation",
+            "MolecularSequence",
+            "NutritionOrder",
+            "RelatedPerson",
+            "SupplyDelivery",
+            "VisionPrescription",
+        ),
+        "patient.reference",
+    ),
     "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
@@ -105,9 +107,9 @@ class AttributeGroup:
 class GroupView:
     group: AttributeGroup
     resource_type: str
-    view: dict[str, Any]
-    skipped_attributes: list[str] = field(default_factory=list)
-    selection: Selection = field(default_factory=Selection)
+    view: JsonObject
+    skipped_attributes: list[str]
+    selection: Selection
     """Which resources of its type it takes from data without Provenance."""
 
 
@@ -125,7 +127,7 @@ def short_group_id(group_id: str) -> str:
     return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
 
 
-def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
+def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
     """The CRTDL's attribute groups in order, named as docs/development.md says."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
@@ -135,34 +137,35 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise SofError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
+        name, refs = str(group.get("name") or group_id), _attribute_refs(group, group_id)
+        must_have = [
+            a["attributeRef"]
+            for a in as_array(group.get("attributes"))
+            if as_object(a).get("mustHave") is True
+        ]
         groups.append(
-            (group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id))
+            AttributeGroup(
+                group_id,
+                name,
+                group["groupReference"],
+                _UNSAFE_FILE_CHARACTERS.sub("_", name),
+                refs,
+                as_array(group.get("filter")),
+                group.get("includeReferenceOnly") is True,
+                must_have,
+            )
         )
-    _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
-    stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
-    shared = {
-        stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1
-    }
+    _refuse_shared_ids([(made.id, made.name) for made in groups])
+    stems = Counter(made.file_stem.casefold() for made in groups)
     return [
-        AttributeGroup(
-            group_id,
-            name,
-            group["groupReference"],
-            stem if stem.casefold() not in shared else f"{stem}-{short_group_id(group_id)}",
-            refs,
-            as_array(group.get("filter")),
-            group.get("includeReferenceOnly") is True,
-            [
-                a["attributeRef"]
-                for a in as_array(group.get("attributes"))
-                if as_object(a).get("mustHave") is True
-            ],
-        )
-        for (group_id, name, group, refs), stem in zip(groups, stems, strict=True)
+        replace(made, file_stem=f"{made.file_stem}-{short_group_id(made.id)}")
+        if stems[made.file_stem.casefold()] > 1
+        else made
+        for made in groups
     ]
 
 
-def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
+def with_group_ids(crtdl: JsonObject) -> JsonObject:
     """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
     extraction = crtdl.get("dataExtraction")
     groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
@@ -175,13 +178,13 @@ def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
     return completed
 
 
-def generated_group_id(group: dict[str, Any]) -> str:
+def generated_group_id(group: JsonObject) -> str:
     """The id a group without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
-def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
+def _attribute_refs(group: JsonObject, group_id: str) -> list[str]:
     """The group's ``attributeRef``s in order, each once (else its columns came twice)."""
     attributes = group.get("attributes") or []
     if not isinstance(attributes, list) or not all(
@@ -210,7 +213,7 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
             )
 
 
-def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
+def group_name_problems(crtdl: JsonObject) -> list[str]:
     """Every group whose name cannot name its files, and every two whose files collide.
 
     Note: each names the group and the fix; ``SofError`` as ``attribute_groups``."""
@@ -238,7 +241,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
         patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
     ) is not None:
         fixed.append({"name": "patient", "path": patient_path})
-    selects: list[dict[str, Any]] = [{"column": fixed}]
+    selects: list[JsonObject] = [{"column": fixed}]
     selected = [a for a in group.attributes if a in table.elements]
     skipped = [a for a in group.attributes if a not in table.elements]
     for attribute in selected:
@@ -268,7 +271,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     return GroupView(group, table.resource_type, view, skipped, selection)
 
 
-def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
+def _expanded(table: LookupTable, element_id: str) -> JsonObject:
     snippet = copy.deepcopy(table.snippet(element_id))
     if children := [_expanded(table, child) for child in table.children(element_id)]:
         snippet["select"] = list(snippet.get("select", [])) + children

@@ -81,6 +81,10 @@ def plain(value: Any) -> Any:
     return value
 
 
+TypePath = str | None
+"""A FHIR type path (``Patient.name``, ``HumanName``); None where it is not known."""
+Operation = tuple[str, str, str | None, TypePath]
+"""A plan's step: kind, JSON key, argument, and the type path of the data it reads."""
 Step = tuple[str, str, str | None]
 """``("member", name, ofType)``, ``("first", "", None)``, ``("where", member, literal)``; first of
 all perhaps a type filter ``("type", name, None)``; last of all perhaps a function giving computed
@@ -147,11 +151,11 @@ class MemberPath:
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
         self.members = steps[:-1] if self.function else steps
         self.fallback = _interpreted(expression) if self.function else None
-        self.plans: dict[str | None, Plan | None] = {}
+        self.plans: dict[TypePath, Plan | None] = {}
         self.leading_types = [steps[0][1]] if steps and steps[0][0] == "type" else []
         """The type filter it starts with (``Patient`` of ``Patient.id``), as Interpreted's"""
 
-    def plan(self, path: str | None) -> Plan | None:
+    def plan(self, path: TypePath) -> Plan | None:
         """The plan for focus type ``path`` (made once); None where the data decides types."""
         try:
             return self.plans[path]
@@ -159,7 +163,7 @@ class MemberPath:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
             return plan
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
+    def collect(self, data: Any, path: TypePath, env: Env) -> tuple[list[Any], Paths]:
         if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
@@ -169,7 +173,7 @@ class MemberPath:
             (found, plan.path) if self.function is None else (_computed(self.function, found), None)
         )
 
-    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
+    def _general(self, data: Any, path: TypePath, env: Env) -> tuple[list[Any], Paths]:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
         return data_and_paths(_walk_items(self.members, Item(data, path)))
@@ -179,17 +183,17 @@ class MemberPath:
 class Plan:
     """A member path for one focus type: ``(kind, key, argument, type path)`` per step."""
 
-    operations: tuple[tuple[str, str, str | None, str | None], ...]
-    path: str | None
+    operations: tuple[Operation, ...]
+    path: TypePath
     counted: bool
     single: bool  # one member step, no function counting its values: ``_member_of`` walks it
     key: str = ""  # a single step's JSON key and the type path of the data it reads
-    at: str | None = None
+    at: TypePath = None
 
 
-def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
+def _plan(steps: list[Step], path: TypePath, counted: bool) -> Plan | None:
     """The steps resolved at focus type ``path``; None where the data decides a type."""
-    operations: list[tuple[str, str, str | None, str | None]] = []
+    operations: list[Operation] = []
     for kind, name, argument in steps:
         if kind == "type":  # no step on a resource of that type; anything else: the data decides
             if path is None or name != path or not holds_resources(path):
@@ -212,7 +216,7 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
 
 
 @lru_cache(maxsize=4096)
-def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
+def _keys(path: TypePath, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
     """The JSON keys ``path.member`` (or ``.ofType(T)``) may be at, with type paths.
 
     Note: fhirpathpy's bookkeeping; a choice element without ``ofType`` gives each choice,
@@ -229,7 +233,7 @@ def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str
     return () if of_type is not None and child_path != of_type else ((member, child_path),)
 
 
-def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
+def _resolve(path: TypePath, member: str, of_type: str | None) -> tuple[str, TypePath] | None:
     """The JSON key and the child's type path, once per type (``""``: no child).
 
     Note: None when they depend on the data (a choice element without ``ofType``, a
@@ -246,7 +250,7 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
 def holds_resources(type_path: str) -> bool:
     """Whether elements of this type are resources (their ``resourceType`` decides)."""
     seen = set()
-    current: str | None = type_path
+    current: TypePath = type_path
     while current and current not in seen:
         if current == "Resource":
             return True
@@ -285,7 +289,7 @@ def _walk(plan: Plan, data: Any) -> list[Any] | None:
     return found
 
 
-def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
+def _member_of(data: Any, key: str, path: TypePath) -> list[Any] | None:
     """``_walk`` of a plan of one member step (most column paths: ``code``, ``system``."""
     if not isinstance(data, dict) or not key:
         return []

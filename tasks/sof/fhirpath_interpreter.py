@@ -34,10 +34,18 @@ from tasks.sof.fhirpath_shared import (
     MAX_COMPUTED_SIZE,
     MAX_EXPRESSION_DEPTH,
     MAX_REPEAT_ELEMENTS,
+    MODEL,
     TOO_DEEP,
+    Env,
+    Item,
+    Paths,
+    data_and_paths,
+    joined,
+    reference_keys,
+    refuse_larger,
+    resource_keys,
+    shown,
 )
-from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
-from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
 Ctx = dict[str, Any]
 """fhirpathpy's evaluation context (its data, variables, model and functions)."""
@@ -228,10 +236,15 @@ def _data(node: Any) -> Any:
 def _boundary(high: bool) -> Callable[..., list[Any]]:
     def invoke(ctx: Ctx, inputs: list[Any], precision: Any = None) -> list[Any]:
         digits = None if precision in (None, []) else int(precision)
-        typed = [
-            (_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs
+        found = [
+            boundary(
+                _data(node),
+                node.path if isinstance(node, ResourceNode) else None,
+                digits,
+                high=high,
+            )
+            for node in inputs
         ]
-        found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
         return [result for result in found if result is not None]
 
     return invoke

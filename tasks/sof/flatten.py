@@ -27,6 +27,7 @@ from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
+from tasks.sof.shapes import JsonObject, Row
 
 ATTRIBUTE_GROUP_SYSTEM = (
     "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
@@ -37,9 +38,11 @@ _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
 # A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without
 # searching the line.
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
+Routes = dict[str, set[str]]
+"""Each resource's ``Type/id``: the attribute groups TORCH's Provenance names for it."""
 
 
-def resource_key(resource: dict[str, Any]) -> str | None:
+def resource_key(resource: JsonObject) -> str | None:
     kind, ident = resource.get("resourceType"), resource.get("id")
     return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
 
@@ -52,7 +55,7 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
+def add_routes(routes: Routes, provenance: JsonObject) -> None:
     """Route each target a TORCH Provenance names to each attribute group it names.
 
     Note: a malformed part routes nothing (what it would have routed counts as unrouted)."""
@@ -73,9 +76,9 @@ def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
     return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
 
 
-def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
+def bare_routes(path: Path, max_line_bytes: int) -> Routes:
     """The routes of the file's bare (not in a Bundle) attribute-group Provenance."""
-    routes: dict[str, set[str]] = {}
+    routes: Routes = {}
     for number, line in iter_lines(path, max_line_bytes):
         if _BUNDLE_OPENING.match(line):
             continue
@@ -86,13 +89,13 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
     return routes
 
 
-def routes_json(routes: dict[str, set[str]]) -> bytes:
+def routes_json(routes: Routes) -> bytes:
     """Routes as JSON (each resource's groups sorted), for ``routes_of``."""
     return json.dumps({key: sorted(groups) for key, groups in routes.items()}).encode()
 
 
 class Engine(Protocol):
-    def add(self, resource: dict[str, Any]) -> None: ...
+    def add(self, resource: JsonObject) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -113,7 +116,7 @@ class Router:
 
     Note: groups are ``(group id, resource type)``; ``resources`` per group (in group
     order), what no group took in ``counts``. Without Provenance, a group takes what its
-    ``selections`` entry (by default: its type) takes."""
+    ``selections`` entry (``Selection()``: any of its type) takes."""
 
     def __init__(
         self,
@@ -121,20 +124,19 @@ class Router:
         skipped_ids: Iterable[str],
         engines: Sequence[Engine],
         by_provenance: bool,
-        counts: RouteCounts | None = None,
-        selections: list[Selection] | None = None,
+        counts: RouteCounts,
+        selections: list[Selection],
     ):
         self.index = {group: i for i, (group, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
-        chosen = selections or [Selection()] * len(groups)
         self.by_type: dict[str, list[tuple[int, Selection]]] = {}
         for i, (_, kind) in enumerate(groups):
-            self.by_type.setdefault(kind, []).append((i, chosen[i]))
+            self.by_type.setdefault(kind, []).append((i, selections[i]))
         self.engines, self.by_provenance = engines, by_provenance
-        self.counts = counts or RouteCounts()
+        self.counts = counts
         self.resources = [0] * len(groups)
 
-    def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
+    def route_line(self, resource: JsonObject, bare: Routes) -> None:
         resources = line_resources(resource)
         routes = bare
         if resource.get("resourceType") == "Bundle" and self.by_provenance:
@@ -146,7 +148,7 @@ class Router:
             if item.get("resourceType") != "Provenance":
                 self.route(item, routes)
 
-    def route(self, resource: dict[str, Any], routes: dict[str, set[str]]) -> None:
+    def route(self, resource: JsonObject, routes: Routes) -> None:
         kind = str(resource.get("resourceType"))
         skipped = False
         if not self.by_provenance:
@@ -167,7 +169,7 @@ class Router:
             self.resources[target] += 1
             self.engines[target].add(resource)
 
-    def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
+    def route_by_type(self, kind: str, resource: JsonObject) -> None:
         """To each group of its type that takes it; else counted by why no group took it."""
         candidates = self.by_type.get(kind)
         if not candidates:
@@ -239,10 +241,10 @@ class ParsedLine:
 
     def __init__(self, source: Path):
         self.source, self.number, self.line = source, 0, b""
-        self.root: dict[str, Any] | None = None
-        self._exact: list[dict[str, Any]] | None = None
+        self.root: JsonObject | None = None
+        self._exact: list[JsonObject] | None = None
 
-    def parse(self, number: int, line: bytes) -> dict[str, Any]:
+    def parse(self, number: int, line: bytes) -> JsonObject:
         self.number, self.line, self._exact = number, line, None
         try:
             self.root = orjson.loads(line)
@@ -253,7 +255,7 @@ class ParsedLine:
             return parse_line(self.source, number, line)
         return self.root
 
-    def exact(self, resource: dict[str, Any]) -> dict[str, Any]:
+    def exact(self, resource: JsonObject) -> JsonObject:
         if self.root is None:
             return resource
         if self._exact is None:
@@ -272,11 +274,11 @@ class RowsWriter:
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
         self.rows = 0
-        self._pending: list[tuple[Any, ...]] = []
+        self._pending: list[Row] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
-    def add(self, resource: dict[str, Any]) -> None:
+    def add(self, resource: JsonObject) -> None:
         """Take the resource's rows as the view makes them (one may give millions)."""
         try:
             view, cells = self.view, None
@@ -293,7 +295,7 @@ class RowsWriter:
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
-    def _write(self, rows: Iterable[tuple[Any, ...]]) -> None:
+    def _write(self, rows: Iterable[Row]) -> None:
         if self._writer is None:
             # closed by close(), not by a with block: rows come over many calls
             self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
@@ -338,8 +340,8 @@ def flatten_file(
     ]
     groups = [(g.id, g.resource_type) for g in plan.groups]
     selections = [g.selection for g in plan.groups]
-    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
-    counts = router.counts
+    counts = RouteCounts()
+    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, counts, selections)
     lines = 0
     try:
         for piece in plan.sources:
@@ -372,7 +374,7 @@ def flatten_file(
     )
 
 
-def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
+def routes_of(piece: PieceSource, plan: FilePlan) -> Routes:
     """The piece's bare Provenance routes: the parent's for a span, else found here."""
     if not plan.by_provenance:
         return {}
@@ -390,7 +392,7 @@ def compiled_view(view_json: str) -> CompiledView:
     return compile_view(json.loads(view_json))
 
 
-def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
+def parquet_file(csv_path: Path, view: JsonObject, parquet_path: Path) -> int:
     """``tasks.sof.parquet.write_parquet``, imported in the worker.
 
     Why: pyarrow and Arrow's memory (about 100 MB for a large CSV) stay out of the

@@ -10,81 +10,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator
 
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
+from tasks.sof.shapes import JsonObject
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
 # FHIR elements nest a dozen levels; a deeper children chain is a broken file
 MAX_ELEMENT_DEPTH = 64
 
-# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left
-# out.
-LOOKUP_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "array",
-    "items": {"$ref": "#/$defs/lookupTable"},
-    "$defs": {
-        "lookupTable": {
-            "type": "object",
-            "required": ["url", "resourceType", "elements"],
-            "properties": {
-                "url": {"type": "string", "minLength": 1},
-                "resourceType": {"type": "string", "minLength": 1},
-                "elements": {
-                    "type": "object",
-                    "additionalProperties": {"$ref": "#/$defs/lookupElement"},
-                },
-            },
-            "additionalProperties": False,
-        },
-        "lookupElement": {
-            "type": "object",
-            "required": ["viewDefinition"],
-            "properties": {
-                "parent": {"type": "string", "minLength": 1},
-                "children": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                "viewDefinition": {"$ref": "#/$defs/selectClause"},
-            },
-            "additionalProperties": False,
-        },
-        "selectClause": {
-            "type": "object",
-            "properties": {
-                "forEach": {"type": "string", "minLength": 1},
-                "forEachOrNull": {"type": "string", "minLength": 1},
-                "column": {"type": "array", "items": {"$ref": "#/$defs/column"}},
-                "select": {"type": "array", "items": {"$ref": "#/$defs/selectClause"}},
-            },
-            "additionalProperties": False,
-        },
-        "column": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "path": {"type": "string"},
-                "type": {"type": "string"},
-                "collection": {"type": "boolean"},
-                "description": {"type": "string"},
-            },
-            "additionalProperties": False,
-        },
-    },
-}
+LOOKUP_SCHEMA: dict[str, Any] = orjson.loads(
+    Path(__file__).with_name("lookup.schema.json").read_bytes()
+)
+"""The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions
+left out."""
 
 
 @dataclass(frozen=True)
 class LookupTable:
     url: str
     resource_type: str
-    elements: dict[str, dict[str, Any]]
+    elements: dict[str, JsonObject]
     parents: dict[str, str]
 
-    def snippet(self, element_id: str) -> dict[str, Any]:
-        snippet: dict[str, Any] = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
+    def snippet(self, element_id: str) -> JsonObject:
+        snippet: JsonObject = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
         return snippet
 
     def children(self, element_id: str) -> list[str]:
@@ -154,12 +107,7 @@ def _schema_problem(document: Any, error: Any) -> str:
     """A schema error as text naming the table url and element id it is in."""
     where = list(error.absolute_path)
     label = "lookup file"
-    if (
-        where
-        and isinstance(where[0], int)
-        and isinstance(document, list)
-        and where[0] < len(document)
-    ):
+    if where:  # in the array: the schema makes its root one, and what is not fails at the root
         table = document[where[0]]
         url = table.get("url") if isinstance(table, dict) else None
         label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
@@ -172,7 +120,7 @@ def _schema_problem(document: Any, error: Any) -> str:
     return f"{label}: {error.message}{location}"
 
 
-def _table_problems(table: dict[str, Any]) -> list[str]:
+def _table_problems(table: JsonObject) -> list[str]:
     url, elements = table["url"], table["elements"]
     problems = []
     parent_of: dict[str, str] = {}
@@ -197,7 +145,7 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id: str) -> Any:
+def _in_context(elements: JsonObject, parent_of: dict[str, str], element_id: str) -> Any:
     """The element's snippet in its ancestors' iterations, as a group's view holds it.
 
     Note: alone in a chain too deep or a cycle, which ``_cycle_problems`` reports."""
@@ -210,7 +158,7 @@ def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id:
     return in_iterations(snippets[0], snippets[:0:-1])
 
 
-def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> dict[str, Any]:
+def in_iterations(select: JsonObject, ancestors: list[JsonObject]) -> JsonObject:
     """``select`` in each ancestor's ``forEach`` / ``forEachOrNull``, outermost first."""
     for ancestor in reversed(ancestors):
         if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
@@ -218,7 +166,7 @@ def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> di
     return select
 
 
-def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
+def _cycle_problems(url: str, elements: dict[str, JsonObject]) -> list[str]:
     """Cycles in the children links, and chains deeper than ``MAX_ELEMENT_DEPTH``.
 
     Note: each cycle once, at the element it returns to, in any listing order; a depth-first
@@ -264,7 +212,7 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def _snippet_problems(
-    url: str, resource_type: str, element_id: str, snippet: dict[str, Any]
+    url: str, resource_type: str, element_id: str, snippet: JsonObject
 ) -> list[str]:
     """A snippet's problems as a select on its own (FHIRPath that parses, columns)."""
     try:

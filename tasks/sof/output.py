@@ -15,6 +15,7 @@ from typing import IO, Any
 import orjson
 
 from tasks.core.exact_json import dumps_exact
+from tasks.sof.shapes import Row
 
 
 _NEEDS_QUOTES = (",", '"', "\n", "\r")
@@ -49,7 +50,7 @@ class CsvWriter:
             self._stream.flush()  # what the text layer holds goes first
             self._bytes.write(text)
 
-    def writerows(self, rows: Iterable[tuple[Any, ...]]) -> int:
+    def writerows(self, rows: Iterable[Row]) -> int:
         """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time; the number written.
 
         Note: one resource may give millions. A batch needing no quoting is joined as it is

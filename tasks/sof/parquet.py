@@ -10,7 +10,6 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 # Arrow's allocator (mimalloc) kept freed memory for reuse: a 120 MB CSV took the process up by 196
 # MB, now 102 MB. It reads the setting when pyarrow loads (this module is imported only for a job
@@ -24,6 +23,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from tasks.streams.files import close_synced, write_error
 from tasks.sof.errors import ViewError
 from tasks.sof.view import compile_view
+from tasks.sof.shapes import JsonObject
 
 BLOCK_BYTES = 1024 * 1024
 MAX_BLOCK_BYTES = 1024 * BLOCK_BYTES  # a row longer than this (a CSV row of over 1 GB) is refused
@@ -42,7 +42,7 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 
 
 def write_parquet(
-    csv_path: Path, view: dict[str, Any], parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
+    csv_path: Path, view: JsonObject, parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
     """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows."""
     schema = parquet_schema(view)
@@ -68,7 +68,7 @@ def parquet_rows(path: Path) -> int:
         raise ViewError(f"{path.name} cannot be read as a Parquet file ({exc})") from None
 
 
-def parquet_schema(view: dict[str, Any]) -> pa.Schema:
+def parquet_schema(view: JsonObject) -> pa.Schema:
     """The view's columns in the engine's order, each with its Parquet type."""
     root = compile_view(view).root
     types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]

@@ -15,6 +15,7 @@ from tasks.core.json_shapes import as_array
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
 from tasks.streams.ndjson import LineSplitter, iter_chunks, iter_lines
+from tasks.sof.shapes import JsonObject, Row
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*(?:-?\d+(?:\.\d|[eE])|-?\d{20}|-\d{19})")
@@ -24,7 +25,7 @@ _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 _ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9A-Fa-f]")
 
 
-def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
+def parse_line(source: Path | str, number: int, line: bytes) -> JsonObject:
     """One NDJSON line; decimals as ``Decimal`` (the fast parser when there are none).
 
     Why: decimals reach the CSV as written.
@@ -53,7 +54,7 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     return resource
 
 
-def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
+def line_resources(resource: JsonObject) -> list[JsonObject]:
     if resource.get("resourceType") != "Bundle":
         return [resource]
     entries = as_array(resource.get("entry"))
@@ -93,7 +94,7 @@ def _may_escape_a_key(line: bytes) -> bool:
 
 def read_rows(
     view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False
-) -> Iterator[tuple[Any, ...]]:
+) -> Iterator[Row]:
     """``view.rows`` over numbered ``lines``; those with none of its type unparsed.
 
     Note: a line opening as a resource of the view's type, as compact JSON writers write it,
@@ -119,9 +120,7 @@ def read_rows(
                 yield from view.rows(resource)
 
 
-def csv_parts(
-    view: Any, source: Path, max_line_bytes: int
-) -> Iterator[bytes | Iterable[tuple[Any, ...]]]:
+def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[Row]]:
     """The file's CSV in parts: blocks' CSV lines, or ``read_rows``' rows line by line.
 
     Note: a view ``CompiledView.block_csv`` does not take is read line by line throughout."""

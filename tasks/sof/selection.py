@@ -13,6 +13,7 @@ from typing import Any
 from tasks.core.json_shapes import as_object
 from tasks.core.names import show_name
 from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
+from tasks.sof.shapes import JsonObject
 
 PATIENT = "Patient"
 # Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a
@@ -25,6 +26,7 @@ PREFIX_HIERARCHY_SYSTEMS = frozenset(
         "http://www.whocc.no/atc",
     }
 )
+CODING = ("system", "code")
 _NO_START, _NO_END = "", "~"  # below and above every date written as digits
 
 TAKEN, OTHER_PROFILE, FILTERED_OUT = 0, 1, 2
@@ -49,7 +51,7 @@ class Selection:
     date: DateBounds | None = None
     not_applied: tuple[str, ...] = ()
 
-    def check(self, resource: dict[str, Any]) -> int:
+    def check(self, resource: JsonObject) -> int:
         """TAKEN, or why not: OTHER_PROFILE, FILTERED_OUT."""
         if self.profile is not None and not _has_profile(resource, self.profile):
             return OTHER_PROFILE
@@ -59,7 +61,7 @@ class Selection:
             return FILTERED_OUT
         return TAKEN
 
-    def _coded(self, resource: dict[str, Any]) -> bool:
+    def _coded(self, resource: JsonObject) -> bool:
         for coding in _codings(values(resource, self.token_paths)):
             system, code = coding.get("system"), coding.get("code")
             if type(system) is not str or type(code) is not str:
@@ -104,13 +106,13 @@ def compile_selection(
 
 def _unusable(spec: Any) -> str | None:
     """What is wrong with a filter TORCH would not take (no object, no name), or None."""
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+    if not isinstance(as_object(spec).get("name"), str):
         return f"a filter that is no object with a name ({show_name(str(spec))})"
     return None
 
 
 def _token_test(
-    resource_type: str, tokens: list[dict[str, Any]]
+    resource_type: str, tokens: list[JsonObject]
 ) -> tuple[Paths, set[tuple[str, str]], list[str]]:
     """The token filters' elements and ``(system, code)`` pairs, or nothing and why."""
     paths: list[tuple[str, ...]] = []
@@ -120,14 +122,8 @@ def _token_test(
             continue  # no code: TORCH searches without one
         name = token["name"]
         found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
-        listed = (
-            [c for c in token["codes"] if isinstance(c, dict)]
-            if isinstance(token["codes"], list)
-            else []
-        )
-        valid = [
-            c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)
-        ]
+        listed = token["codes"] if isinstance(token["codes"], list) else []
+        valid = [c for c in listed if all(isinstance(as_object(c).get(k), str) for k in CODING)]
         if found is None or not valid or len(valid) < len(token["codes"]):
             why = "a code without its system or code"
             if found is None:
@@ -152,7 +148,7 @@ def _shown_codes(codes: Any) -> list[str]:
     return shown[:5] + ([f"{len(shown) - 5} more"] if len(shown) > 5 else [])
 
 
-def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | None, str | None]:
+def _date_test(resource_type: str, spec: JsonObject) -> tuple[DateBounds | None, str | None]:
     """The bounds of the first date filter on its elements, or None and why not."""
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
@@ -210,9 +206,9 @@ def values(node: Any, paths: Paths) -> list[Any]:
     return found
 
 
-def _codings(elements: list[Any]) -> list[dict[str, Any]]:
+def _codings(elements: list[Any]) -> list[JsonObject]:
     """The codings of CodeableConcepts, and Codings themselves."""
-    codings: list[dict[str, Any]] = []
+    codings: list[JsonObject] = []
     for element in elements:
         if isinstance(element, dict):
             inner = element.get("coding")
@@ -222,7 +218,7 @@ def _codings(elements: list[Any]) -> list[dict[str, Any]]:
     return codings
 
 
-def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
+def _has_profile(resource: JsonObject, wanted: str) -> bool:
     """Whether some ``meta.profile`` is ``wanted`` or its version (``_profile:below``)."""
     meta = resource.get("meta")
     profiles = meta.get("profile") if type(meta) is dict else None
@@ -239,7 +235,7 @@ def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
     return False
 
 
-def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
+def _dated(resource: JsonObject, bounds: DateBounds) -> bool:
     """Whether some value ends on or after the start, and some begins by the end.
 
     Why: each bound is its own search parameter, as TORCH sends them."""

@@ -16,6 +16,7 @@ import re2
 
 from tasks.sof.compiled import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
+from tasks.sof.fhirpath import Operation, TypePath
 from tasks.sof.output import CsvWriter
 
 CELL_VALUE = str | bool | int | None
@@ -33,7 +34,7 @@ which only costs the line-by-line read. RE2: each search is a tenth of their alt
 class _Element:
     """The keys a view reads from one kind of element, each with its element (or None)."""
 
-    def __init__(self, at: str | None):
+    def __init__(self, at: TypePath):
         self.at, self.keys = at, dict[str, _Element | None]()
 
 
@@ -87,7 +88,7 @@ def _pieces(block: bytes) -> Iterable[memoryview]:
         start = end
 
 
-def _reads(select: Any, path: str | None, element: _Element, names: dict[str, str]) -> bool:
+def _reads(select: Any, path: TypePath, element: _Element, names: dict[str, str]) -> bool:
     """Record the keys the select reads at its focus (type ``path``) and below.
 
     Note: in ``element``, each key's attribute in ``names``; False where the view is not
@@ -108,8 +109,8 @@ def _reads(select: Any, path: str | None, element: _Element, names: dict[str, st
 
 def _walked(
     element: _Element,
-    operations: tuple[Any, ...],
-    path: str | None,
+    operations: tuple[Operation, ...],
+    path: TypePath,
     names: dict[str, str],
 ) -> _Element | None:
     """The element the member steps of ``operations`` reach (type ``path`` after them).

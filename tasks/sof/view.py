@@ -20,10 +20,11 @@ from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import Compiled, compile_path, plain
-from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS
+from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
+from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
 from tasks.sof.struct_rows import block_csv
 from tasks.sof.type_filters import refuse_other_types
+from tasks.sof.shapes import JsonObject, Row
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -36,7 +37,7 @@ _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum",
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
 CACHED_ROWS = 10_000
-Focus = tuple[Any, str | None]
+Focus = tuple[Any, TypePath]
 """What an expression is evaluated on: the element's JSON data and its FHIR type path."""
 
 
@@ -45,11 +46,11 @@ class Column:
     name: str
     path: str
     evaluate: Compiled
-    collection: bool = False
-    fhir_type: Any = None
+    collection: bool
+    fhir_type: Any
     """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
 
-    def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
+    def value(self, data: Any, path: TypePath, env: Env) -> Any:
         try:
             found = self.evaluate.collect(data, path, env)[0]
         except FhirPathError as exc:
@@ -75,10 +76,10 @@ class Select:
     names: list[str] = field(default_factory=list)
     types: list[Any] = field(default_factory=list)
     """The columns' ``fhir_type``; a unionAll's where its branches agree, else None."""
-    null_row: tuple[Any, ...] = ()
+    null_row: Row = ()
     indexed: bool = True
 
-    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    def rows(self, focus: Focus, env: Env) -> Iterable[Row]:
         """The select's rows at ``focus``: a tuple when few and at hand, else an iterator."""
         if self.iteration is None:
             return self._rows_at(focus, env)
@@ -89,11 +90,11 @@ class Select:
             return self._rows_at(elements[0], self._indexed(env, 0))
         return self._each(elements, env)
 
-    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    def _each(self, elements: list[Focus], env: Env) -> Iterable[Row]:
         """Each element's rows in turn: a tuple while few and at hand, the rest lazily."""
         if not elements:
             return (self.null_row,) if self.iteration == "forEachOrNull" else ()
-        collected: list[tuple[Any, ...]] = []
+        collected: list[Row] = []
         for position, element in enumerate(elements):
             rows = self._rows_at(element, self._indexed(env, position))
             if not isinstance(rows, tuple) or len(collected) + len(rows) > CACHED_ROWS:
@@ -101,17 +102,15 @@ class Select:
             collected.extend(rows)
         return tuple(collected)
 
-    def _each_lazily(
-        self, elements: list[Focus], start: int, env: dict[str, Any]
-    ) -> Iterator[tuple[Any, ...]]:
+    def _each_lazily(self, elements: list[Focus], start: int, env: Env) -> Iterator[Row]:
         for position in range(start, len(elements)):
             yield from self._rows_at(elements[position], self._indexed(env, position))
 
-    def _indexed(self, env: dict[str, Any], position: int) -> dict[str, Any]:
+    def _indexed(self, env: Env, position: int) -> Env:
         """``env`` with ``%rowIndex`` at ``position`` (``env`` itself where none reads it)."""
         return {**env, "rowIndex": position} if self.indexed else env
 
-    def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
+    def _repeated(self, focus: Focus, env: Env) -> Iterator[Focus]:
         """Depth first, each element the repeat paths give, then its own (no recursion)."""
         pending = [iter(self._children(focus, env))]
         count = 0
@@ -129,12 +128,12 @@ class Select:
             yield item
             pending.append(iter(self._children(item, env)))
 
-    def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
+    def _children(self, focus: Focus, env: Env) -> list[Focus]:
         return [
             child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)
         ]
 
-    def evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
+    def evaluated(self, evaluate: Compiled, focus: Focus, env: Env) -> list[Focus]:
         try:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
@@ -145,7 +144,7 @@ class Select:
             else [(value, paths) for value in found]
         )
 
-    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    def _rows_at(self, focus: Focus, env: Env) -> Iterable[Row]:
         """The product of its columns', selects' and unionAll's rows; a tuple when small."""
         data, path = focus
         head = tuple([column.value(data, path, env) for column in self.columns])
@@ -169,9 +168,9 @@ class Select:
 class _Reproduced:
     """A part of over ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
 
-    produce: Callable[[], Iterable[tuple[Any, ...]]]
+    produce: Callable[[], Iterable[Row]]
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+    def __iter__(self) -> Iterator[Row]:
         return iter(self.produce())
 
 
@@ -179,9 +178,9 @@ Part = tuple[Any, ...] | list[Any] | _Reproduced
 
 
 def _part(
-    produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]],
+    produce: Callable[[Focus, Env], Iterable[Row]],
     focus: Focus,
-    env: dict[str, Any],
+    env: Env,
 ) -> Part:
     """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
     if isinstance(rows := produce(focus, env), tuple):
@@ -190,7 +189,7 @@ def _part(
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
 
 
-def _product(head: tuple[Any, ...], parts: list[Part]) -> Iterable[tuple[Any, ...]]:
+def _product(head: Row, parts: list[Part]) -> Iterable[Row]:
     """``head`` joined with each combination of the parts' rows; lazy when many."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
@@ -205,7 +204,7 @@ def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple[Any, ...] | list[Any]]]
     return _Reproduced not in map(type, parts)
 
 
-def _streamed_product(prefix: tuple[Any, ...], parts: list[Part]) -> Iterator[tuple[Any, ...]]:
+def _streamed_product(prefix: Row, parts: list[Part]) -> Iterator[Row]:
     for row in parts[0]:
         if len(parts) > 1:
             yield from _streamed_product(prefix + row, parts[1:])
@@ -220,7 +219,7 @@ class CompiledView:
     root: Select
     where: list[tuple[str, Compiled]]
     constants: dict[str, Any]
-    definition: dict[str, Any]
+    definition: JsonObject
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
 
     @cached_property
@@ -233,12 +232,12 @@ class CompiledView:
         )
 
     @cached_property
-    def parsed_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+    def parsed_rows(self) -> Callable[[JsonObject], list[Row] | None] | None:
         """Generated rows of a resource as orjson parses it; None if one reads a decimal."""
         return self._generated()
 
     @cached_property
-    def csv_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+    def csv_rows(self) -> Callable[[JsonObject], list[Row] | None] | None:
         """``parsed_rows`` as CSV cells: all strings, ``CsvWriter`` joins them as they are."""
         return self._generated(cells=True)
 
@@ -247,14 +246,12 @@ class CompiledView:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
-    def _generated(
-        self, cells: bool = False
-    ) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+    def _generated(self, cells: bool = False) -> Callable[[JsonObject], list[Row] | None] | None:
         if self.where or self.root.indexed:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
-    def rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    def rows(self, resource: JsonObject) -> Iterable[Row]:
         """The resource's rows: none for another type or a ``where`` not true.
 
         Note: a list or tuple when few, else an iterator; an error names the view and resource."""
@@ -268,7 +265,7 @@ class CompiledView:
             return rows
         return self._streamed(resource, rows)
 
-    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+    def _rows(self, resource: JsonObject) -> Iterable[Row]:
         """The compiled selects' rows, else the general way's (``%rowIndex``, many rows)."""
         focus = (resource, self.resource)
         env = {**self.constants, "rowIndex": 0}
@@ -277,9 +274,7 @@ class CompiledView:
         rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
         return self.root.rows(focus, env) if rows is None else rows
 
-    def _streamed(
-        self, resource: dict[str, Any], rows: Iterable[tuple[Any, ...]]
-    ) -> Iterator[tuple[Any, ...]]:
+    def _streamed(self, resource: JsonObject, rows: Iterable[Row]) -> Iterator[Row]:
         try:
             for count, row in enumerate(rows, start=1):
                 if count > self.max_rows_per_resource:
@@ -292,7 +287,7 @@ class CompiledView:
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc
 
-    def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
+    def _about(self, resource: JsonObject, exc: ViewEvaluationError) -> ViewEvaluationError:
         key = (
             f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
         )
@@ -303,7 +298,7 @@ class CompiledView:
         """How errors name the view: its ``name``, else ``title``, else its resource type."""
         return str(self.definition.get("name") or self.definition.get("title") or self.resource)
 
-    def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
+    def _passes(self, focus: Focus, env: Env) -> bool:
         for path, evaluate in self.where:
             try:
                 found = [plain(value) for value in evaluate.collect(*focus, env)[0]]
@@ -384,9 +379,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     return select
 
 
-def _compile_iteration(
-    select: Select, spec: dict[str, Any], where: str, variables: set[str]
-) -> None:
+def _compile_iteration(select: Select, spec: JsonObject, where: str, variables: set[str]) -> None:
     iterations = [key for key in ITERATIONS if key in spec]
     if len(iterations) > 1:
         raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
