@@ -115,13 +115,8 @@ def query_tokens(url: str) -> list[str]:
     Note: secrets to redact (a service URL may carry ``?access_token=${TOKEN}``).
     """
     query = split_url(url).query
-    parameters = URL_PARAMETER.findall("?" + query)
-    written = [value for name, value in parameters if is_secret_query_name(name)]
-    return [
-        value
-        for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)]
-        if value
-    ]
+    written_and_decoded = URL_PARAMETER.findall("?" + query) + parse_qsl(query)
+    return [value for name, value in written_and_decoded if value and is_secret_query_name(name)]
 
 
 def hide_query_tokens(url: str) -> str:

@@ -352,15 +352,16 @@ class _Board:
                     self._progress = None
 
 
+@dataclass
 class _Bar(Tracker):
-    def __init__(self, progress: Any, task_id: Any):
-        self._progress, self._task_id = progress, task_id
+    progress: Any
+    task_id: Any
 
     def advance(self, amount: int) -> None:
-        self._progress.advance(self._task_id, amount)
+        self.progress.advance(self.task_id, amount)
 
     def set_total(self, total: int) -> None:
-        self._progress.update(self._task_id, total=total)
+        self.progress.update(self.task_id, total=total)
 
 
 _board = _Board()
