@@ -26,13 +26,11 @@ SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 had no ``
 MAX_RECORD_BYTES = 64 * MB
 
 # Job states: Prefect's state names, the same in every view (the UI, status, list, README).
-RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = (
-    "Running",
-    "Completed",
-    "Failed",
-    "Crashed",
-    "Cancelled",
-)
+RUNNING = "Running"
+COMPLETED = "Completed"
+FAILED = "Failed"
+CRASHED = "Crashed"
+CANCELLED = "Cancelled"
 SUSPENDED = "Suspended"  # a run at a wait step, waiting for the inspection form
 # no flow run of the job on this server (a new server or database, another home's, a copy)
 UNKNOWN = "Unknown"
