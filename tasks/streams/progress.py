@@ -9,6 +9,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -194,8 +195,8 @@ class StepProgress:
         self.noun = "files"
         self._in_work: set[FileWork] = set()
         # per unit: the totals of the files started so far (import steps)
-        self._totals: dict[str, int] = {}
-        self._done: dict[str, int] = {}
+        self._totals: Counter[str] = Counter()
+        self._done: Counter[str] = Counter()
         self._percent = 0.0
 
     def file_started(self, work: FileWork) -> FileWork:
@@ -203,13 +204,13 @@ class StepProgress:
             self._files_started += work.files
             self._in_work.add(work)
             if work.total:
-                self._totals[work.unit] = self._totals.get(work.unit, 0) + work.total
+                self._totals[work.unit] += work.total
         self.publish()
         return work
 
     def set_total(self, work: FileWork, total: int) -> None:
         with self.lock:
-            self._totals[work.unit] = self._totals.get(work.unit, 0) + total - (work.total or 0)
+            self._totals[work.unit] += total - (work.total or 0)
             work.total = total
 
     def file_finished(self, work: FileWork) -> None:
@@ -221,7 +222,7 @@ class StepProgress:
     def advance(self, work: FileWork, amount: int) -> None:
         with self.lock:
             work.done += amount
-            self._done[work.unit] = self._done.get(work.unit, 0) + amount
+            self._done[work.unit] += amount
         if self._artifact.due():
             self.publish()
 
@@ -250,7 +251,7 @@ class StepProgress:
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "lines" if "lines" in self._done else "B"
-        done = self._done.get(unit, 0)
+        done = self._done[unit]
         known = self._files_known()
         if finished:
             self._percent = 100.0
@@ -278,7 +279,7 @@ class StepProgress:
         if self.files_expected:
             in_work = sum(work.files * work.fraction() for work in self._in_work)
             return (self._files_finished + in_work) / self.files_expected
-        if total := self._totals.get(unit, 0):
+        if total := self._totals[unit]:
             return done / total
         return None
 
