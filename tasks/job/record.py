@@ -57,6 +57,15 @@ class RecordError(JobError):
     """A ``job.json`` that is no job record; the message names the file and problem."""
 
 
+@contextmanager
+def as_record_error() -> Iterator[None]:
+    """Raise a ``JsonFileError`` of the block as a ``RecordError``, same message."""
+    try:
+        yield
+    except JsonFileError as exc:
+        raise RecordError(str(exc)) from None
+
+
 class FileEntry(BaseModel):
     """A data file of a step's folder as the record keeps it (``DataFile`` is one)."""
 
@@ -123,10 +132,8 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
     path, label = paths.job_file, f"the job record {paths.job_file}"
     if not path.exists():
         return new or JobRecord(job_id=paths.job_id)
-    try:
+    with as_record_error():
         document = read_json_file(path, MAX_RECORD_BYTES, label)
-    except JsonFileError as exc:
-        raise RecordError(str(exc)) from None
     try:
         record = JobRecord.model_validate(document if isinstance(document, dict) else None)
     except ValidationError as exc:
