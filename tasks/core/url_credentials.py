@@ -58,7 +58,7 @@ def _without_user_info(text: str) -> str:
       number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not.
     """
     if (typed := _SCHEME.match(text)) is not None:
-        scheme, separator, rest = typed.group(1), typed.group(2), text[typed.end() :]
+        scheme, separator, rest = typed[1], typed[2], text[typed.end() :]
     else:
         scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)
     end = _location_end(rest)
