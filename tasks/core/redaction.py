@@ -65,7 +65,7 @@ def secret_forms(value: str) -> set[str]:
             text,
             quote_plus(text),
             encoded,
-            _LOWER_ESCAPES.sub(lambda m: m.group(0).lower(), encoded),
+            _LOWER_ESCAPES.sub(lambda m: m[0].lower(), encoded),
         }
         forms |= {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
     return forms
@@ -154,11 +154,9 @@ def redact(text: str) -> str:
         return text
     if (pattern := _secrets_pattern) is not None:
         text = pattern.sub(REDACTED, text)
-    text = _AUTHORIZATION_VALUE.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _AUTHORIZATION_VALUE.sub(lambda m: m[1] + REDACTED, text)
     text = _SCHEME_TOKEN.sub(
-        lambda m: (
-            m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3))
-        ),
+        lambda m: m[1] + m[2] + (REDACTED if _looks_like_token(m[3]) else m[3]),
         text,
     )
     return hide_secret_parameters(_URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text))

@@ -58,7 +58,7 @@ def _without_user_info(text: str) -> str:
       number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not.
     """
     if (typed := _SCHEME.match(text)) is not None:
-        scheme, separator, rest = typed.group(1), typed.group(2), text[typed.end() :]
+        scheme, separator, rest = typed[1], typed[2], text[typed.end() :]
     else:
         scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)
     end = _location_end(rest)
@@ -115,13 +115,8 @@ def query_tokens(url: str) -> list[str]:
     Note: secrets to redact (a service URL may carry ``?access_token=${TOKEN}``).
     """
     query = split_url(url).query
-    parameters = URL_PARAMETER.findall("?" + query)
-    written = [value for name, value in parameters if is_secret_query_name(name)]
-    return [
-        value
-        for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)]
-        if value
-    ]
+    written_and_decoded = URL_PARAMETER.findall("?" + query) + parse_qsl(query)
+    return [value for name, value in written_and_decoded if value and is_secret_query_name(name)]
 
 
 def hide_query_tokens(url: str) -> str:

@@ -255,30 +255,7 @@ def persisted_task(
         result_storage=Path("/"),
         **options,
     )
-    return lambda function: persisted(redacting_failures(persisting(function)))
-
-
-def persisting(function: Callable[P, R]) -> Callable[P, R]:
-    """Wrap ``function`` so its result record is written before its task ends."""
-
-    @functools.wraps(function)
-    def call(*args: P.args, **kwargs: P.kwargs) -> R:
-        value = function(*args, **kwargs)
-        persist_in_task(value)
-        return value
-
-    return call
-
-
-def in_results(call: Task[P, R], folder: Path) -> Task[P, R]:
-    """Make ``call`` keep its records through ``JobResultStorage`` in ``folder``.
-
-    Note: set on the task, as Prefect's decorator refuses a storage block that is not saved on the
-    server (a job's records belong to its folder, which must outlive any server's database); so
-    ``with_options`` of such a task takes a ``result_storage`` (``stored_in_job`` gives one).
-    """
-    call.result_storage = JobResultStorage(basepath=str(folder))
-    return call
+    return lambda function: persisted(persisting_redacted(function))
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
@@ -348,18 +325,20 @@ def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ..
         _batch_settings.reset(held)
 
 
-def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
-    """Wrap ``function`` so its exceptions leave with their text redacted.
+def persisting_redacted(function: Callable[..., R]) -> Callable[..., R]:
+    """Wrap ``function``: its result record written before its task ends, failures redacted.
 
-    Why: Prefect puts the text into the failed state's message and the failure's result record; what
-    it logs of them is redacted (``redact_records_sent_to_prefect``).
+    Why: Prefect puts an exception's text into the failed state's message and the failure's result
+    record; what it logs of them is redacted (``redact_records_sent_to_prefect``).
     """
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> R:
         redact_records_sent_to_prefect()
         try:
-            return function(*args, **kwargs)
+            value = function(*args, **kwargs)
+            persist_in_task(value)
+            return value
         except Exception as exc:
             redact_exception(exc)
             raise
@@ -434,6 +413,9 @@ def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) 
     Why: Prefect writes a failure's record there under a random name, which the decorators' root
     ``/`` would put in the file system's root.
     Note: ``refresh`` runs it even where its record is kept.
+    Note: ``JobResultStorage`` is set on the task, as Prefect's decorator refuses a storage block
+    that is not saved on the server (a job's records belong to its folder, which must outlive any
+    server's database); ``with_options`` takes the folder.
     """
     if not isinstance(call, Task):
         return call
@@ -441,4 +423,5 @@ def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) 
     kept: Task[P, R] = call.with_options(
         result_storage=folder, refresh_cache=True if refresh else NotSet
     )
-    return in_results(kept, folder)
+    kept.result_storage = JobResultStorage(basepath=str(folder))
+    return kept

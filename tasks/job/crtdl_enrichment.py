@@ -24,11 +24,7 @@ class EnrichmentError(StepError, ValueError):
 
 
 class UnresolvedLinkError(EnrichmentError):
-    def __init__(self, group_reference: str, attribute_ref: str, url: str):
-        super().__init__(
-            f"enrichment rule for group {group_reference!r}: attribute {attribute_ref!r} links to "
-            f"{url!r}, but no attribute group has that groupReference"
-        )
+    """A linked profile URL that no attribute group has as its groupReference."""
 
 
 def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
@@ -126,7 +122,11 @@ def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
     groups = _existing_groups(crtdl)
     for group_reference, attribute, url in links:
         if not (targets := [group for group in groups if group.get("groupReference") == url]):
-            raise UnresolvedLinkError(group_reference, attribute["attributeRef"], url)
+            raise UnresolvedLinkError(
+                f"enrichment rule for group {group_reference!r}: attribute "
+                f"{attribute['attributeRef']!r} links to {url!r}, but no attribute group has that "
+                "groupReference"
+            )
         linked_ids = attribute.setdefault("linkedGroups", [])
         for target in targets:
             if (target_id := _id_of(target, groups)) not in linked_ids:

@@ -52,10 +52,12 @@ def stream_handlers() -> list[logging.Handler]:
     Note: once, though several loggers hold it (patched twice, it kept the wrapper).
     """
     loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
-    last_resort = [logging.lastResort] if logging.lastResort else []
-    handlers = dict.fromkeys([*(h for logger in loggers for h in logger.handlers), *last_resort])
-    streams = [h for h in handlers if isinstance(h, logging.StreamHandler)]
-    return [h for h in streams if not isinstance(h, logging.FileHandler)]
+    handlers = dict.fromkeys([*(h for log in loggers for h in log.handlers), logging.lastResort])
+    return [
+        h
+        for h in handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
 
 
 def run_label(record: logging.LogRecord) -> str:

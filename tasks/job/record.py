@@ -26,13 +26,11 @@ SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 had no ``
 MAX_RECORD_BYTES = 64 * MB
 
 # Job states: Prefect's state names, the same in every view (the UI, status, list, README).
-RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = (
-    "Running",
-    "Completed",
-    "Failed",
-    "Crashed",
-    "Cancelled",
-)
+RUNNING = "Running"
+COMPLETED = "Completed"
+FAILED = "Failed"
+CRASHED = "Crashed"
+CANCELLED = "Cancelled"
 SUSPENDED = "Suspended"  # a run at a wait step, waiting for the inspection form
 # no flow run of the job on this server (a new server or database, another home's, a copy)
 UNKNOWN = "Unknown"
@@ -57,6 +55,15 @@ controls become spaces as it is read."""
 
 class RecordError(JobError):
     """A ``job.json`` that is no job record; the message names the file and problem."""
+
+
+@contextmanager
+def as_record_error() -> Iterator[None]:
+    """Raise a ``JsonFileError`` of the block as a ``RecordError``, same message."""
+    try:
+        yield
+    except JsonFileError as exc:
+        raise RecordError(str(exc)) from None
 
 
 class FileEntry(BaseModel):
@@ -125,10 +132,8 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
     path, label = paths.job_file, f"the job record {paths.job_file}"
     if not path.exists():
         return new or JobRecord(job_id=paths.job_id)
-    try:
+    with as_record_error():
         document = read_json_file(path, MAX_RECORD_BYTES, label)
-    except JsonFileError as exc:
-        raise RecordError(str(exc)) from None
     try:
         record = JobRecord.model_validate(document if isinstance(document, dict) else None)
     except ValidationError as exc:

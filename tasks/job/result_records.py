@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks.core.jsonfile import MB, JsonFileError, parse_json_document, read_limited
-from tasks.job.record import RecordError
+from tasks.core.jsonfile import MB, parse_json_document, read_limited
+from tasks.job.record import RecordError, as_record_error
 
 MAX_RESULT_BYTES = 64 * MB  # a batch of 3,000 files' record is some 4 MB
 RESULT_SERIALIZER = {  # Prefect's JSONSerializer with its defaults: ``result_serializer="json"``
@@ -59,7 +59,8 @@ def checked_result(path: Path) -> bytes:
     builds that class from the data; only this product's own models, already loaded, may be named.
     """
     data, document = read_checked(path)
-    result = parsed(document["result"].encode(), f"the result record {path.name}")
+    with as_record_error():
+        result = parse_json_document(document["result"].encode(), f"the result record {path.name}")
     if foreign := next(foreign_names(result), None):
         raise RecordError(
             f"the result record {path.name} names {foreign[:120]!r}, no result type of dupflow"
@@ -72,21 +73,12 @@ def read_checked(path: Path) -> tuple[bytes, dict[str, Any]]:
     label = f"the result record {path.name}"
     if not path.is_file():  # a FIFO would block the read
         raise RecordError(f"{label} is no regular file")
-    try:
+    with as_record_error():
         data = read_limited(path, MAX_RESULT_BYTES, label)
-    except JsonFileError as exc:
-        raise RecordError(str(exc)) from None
-    document = parsed(data, label)
+        document: Any = parse_json_document(data, label)  # a dict once record_problem passes
     if problem := record_problem(path, document):
         raise RecordError(f"{label} {problem}")
     return data, document
-
-
-def parsed(data: bytes, label: str) -> Any:
-    try:
-        return parse_json_document(data, label)
-    except JsonFileError as exc:
-        raise RecordError(str(exc)) from None
 
 
 def foreign_names(value: Any) -> Iterator[str]:

@@ -114,12 +114,10 @@ def write_answers(
     progress: tuple[str, int | None],
     source: str,
 ) -> FileStats:
-    """Ask for each request on ``workers`` threads, write each answer's line in request order to
-    ``dest``.
+    """Ask for each request on ``workers`` threads; write the answers' lines in order to ``dest``.
 
-        Note:
-        - At most ``window`` requests are pending; ``written`` gives an answer's line and the input
-          lines it stands for (``progress``: label, expected lines).
+    Note: at most ``window`` requests are pending; ``written`` gives an answer's line and the input
+    lines it stands for (``progress``: label, expected lines).
     """
     label, expected = progress
     with (

@@ -177,13 +177,12 @@ def unless_cancelled() -> Iterator[None]:
 def ordered_map(
     items: Iterable[T], call: Callable[[T], R], workers: int, window: int
 ) -> Iterator[tuple[T, R]]:
-    """``(item, call(item))`` in input order: calls on ``workers`` threads, at most ``window``
-    pending.
+    """``(item, call(item))`` in input order, from calls on ``workers`` threads.
 
-        Note:
-        - The calls run in copies of the caller's context, in a cancel scope of their own: when the
-          oldest failure propagates or the consumer stops, the calls not started are dropped and
-          those running stop at their next ``pause`` or ``raise_if_cancelled``.
+    Note: at most ``window`` calls are pending. The calls run in copies of the caller's context, in
+    a cancel scope of their own: when the oldest failure propagates or the consumer stops, the
+    calls not started are dropped and those running stop at their next ``pause`` or
+    ``raise_if_cancelled``.
     """
     with cancel_scope() as cancel:
         context = contextvars.copy_context()

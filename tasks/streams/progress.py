@@ -9,6 +9,7 @@ import contextvars
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -100,7 +101,8 @@ def expect_files(count: int, noun: str = "files") -> None:
     of expected.
     """
     if (aggregate := _step_progress.get()) is not None:
-        aggregate.expect_files(count, noun)
+        with aggregate.lock:
+            aggregate.files_expected, aggregate.noun = count, noun
 
 
 @contextmanager
@@ -123,9 +125,6 @@ class StepWork:
     files: int = 0
     size: int = 0
     lines: int = 0
-
-    def total(self, unit: str) -> int:
-        return self.lines if unit == "lines" else self.size if unit == "B" else 0
 
 
 @dataclass(eq=False)
@@ -189,45 +188,41 @@ class StepProgress:
 
     def __init__(self, artifact: ProgressArtifact, step: str, work: StepWork):
         self._artifact, self._step, self._work = artifact, step, work
-        self._lock, self._publishing = threading.Lock(), threading.Lock()
+        self.lock, self._publishing = threading.Lock(), threading.Lock()
         self._started = time.monotonic()
-        self._files_started = self._files_finished = self._files_expected = 0
+        self._files_started = self._files_finished = self.files_expected = 0
         # what is counted: "pieces" of the input's files when the step cuts them
-        self._noun = "files"
+        self.noun = "files"
         self._in_work: set[FileWork] = set()
         # per unit: the totals of the files started so far (import steps)
-        self._totals: dict[str, int] = {}
-        self._done: dict[str, int] = {}
+        self._totals: Counter[str] = Counter()
+        self._done: Counter[str] = Counter()
         self._percent = 0.0
 
-    def expect_files(self, count: int, noun: str) -> None:
-        with self._lock:
-            self._files_expected, self._noun = count, noun
-
     def file_started(self, work: FileWork) -> FileWork:
-        with self._lock:
+        with self.lock:
             self._files_started += work.files
             self._in_work.add(work)
             if work.total:
-                self._totals[work.unit] = self._totals.get(work.unit, 0) + work.total
+                self._totals[work.unit] += work.total
         self.publish()
         return work
 
     def set_total(self, work: FileWork, total: int) -> None:
-        with self._lock:
-            self._totals[work.unit] = self._totals.get(work.unit, 0) + total - (work.total or 0)
+        with self.lock:
+            self._totals[work.unit] += total - (work.total or 0)
             work.total = total
 
     def file_finished(self, work: FileWork) -> None:
-        with self._lock:
+        with self.lock:
             self._files_finished += work.files
             self._in_work.discard(work)
         self.publish()
 
     def advance(self, work: FileWork, amount: int) -> None:
-        with self._lock:
+        with self.lock:
             work.done += amount
-            self._done[work.unit] = self._done.get(work.unit, 0) + amount
+            self._done[work.unit] += amount
         if self._artifact.due():
             self.publish()
 
@@ -242,7 +237,7 @@ class StepProgress:
         try:
             if not final and not self._artifact.due():
                 return
-            with self._lock:
+            with self.lock:
                 known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
                 if not known_work or (stopped and self._artifact.id is None):
                     return
@@ -252,11 +247,11 @@ class StepProgress:
             self._publishing.release()
 
     def _files_known(self) -> int:
-        return self._files_expected or self._work.files
+        return self.files_expected or self._work.files
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "lines" if "lines" in self._done else "B"
-        done = self._done.get(unit, 0)
+        done = self._done[unit]
         known = self._files_known()
         if finished:
             self._percent = 100.0
@@ -267,8 +262,8 @@ class StepProgress:
         files = (
             f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
         )
-        files += f" {self._noun}" + (
-            f" of {counted(self._work.files, 'file')}" if self._noun != "files" else ""
+        files += f" {self.noun}" + (
+            f" of {counted(self._work.files, 'file')}" if self.noun != "files" else ""
         )
         amounts = (
             ", ".join(_human(amount, name) for name, amount in sorted(self._done.items()))
@@ -279,12 +274,12 @@ class StepProgress:
         return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
 
     def _fraction_done(self, unit: str, done: int) -> float | None:
-        if total := self._work.total(unit):
+        if total := (self._work.lines if unit == "lines" else self._work.size):
             return done / total
-        if self._files_expected:
+        if self.files_expected:
             in_work = sum(work.files * work.fraction() for work in self._in_work)
-            return (self._files_finished + in_work) / self._files_expected
-        if total := self._totals.get(unit, 0):
+            return (self._files_finished + in_work) / self.files_expected
+        if total := self._totals[unit]:
             return done / total
         return None
 
@@ -358,15 +353,16 @@ class _Board:
                     self._progress = None
 
 
+@dataclass
 class _Bar(Tracker):
-    def __init__(self, progress: Any, task_id: Any):
-        self._progress, self._task_id = progress, task_id
+    progress: Any
+    task_id: Any
 
     def advance(self, amount: int) -> None:
-        self._progress.advance(self._task_id, amount)
+        self.progress.advance(self.task_id, amount)
 
     def set_total(self, total: int) -> None:
-        self._progress.update(self._task_id, total=total)
+        self.progress.update(self.task_id, total=total)
 
 
 _board = _Board()
