@@ -281,9 +281,11 @@ class ValidatorHandler(LengthOnlyHandler):
         try:
             status, answer = self._answer(recorded, index)
             recorded.status = status
-            self._send_json(status, answer)
         finally:
+            # Before the answer goes out: a client that has read it may send its next request at once,
+            # before this thread would get to count this one as answered (an in-flight count one too high).
             self.state.leave(recorded)
+        self._send_json(status, answer)
 
     def _discard_body(self, size: int) -> None:
         """Read a refused body so the client gets to read the answer (an unread body ends in a reset)."""
