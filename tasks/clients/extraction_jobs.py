@@ -21,13 +21,15 @@ from tasks.core.json_shapes import as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import (
+    BASE_URL_SETTING,
+    CRTDL_REFUSALS,
     SERVICE,
     TASK_TIMEOUT,
     ExtractionError,
     base_url_of,
     job_status_of,
+    progress_values,
 )
-from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, progress_values
 from tasks.clients.http import (
     FHIR_JSON,
     FHIR_JSON_HEADERS,
@@ -234,14 +236,14 @@ class ExtractionTaskClient(ServiceClient):
         }
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
-            request: dict[str, Any] = {
-                "params": params,
-                "headers": headers,
-                "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
-            }
-            request["too_large_hint"] = TOO_MANY_JOBS
             response = self.request(
-                "GET", "/fhir/Task", operation="search extraction jobs", **request
+                "GET",
+                "/fhir/Task",
+                operation="search extraction jobs",
+                params=params,
+                headers=headers,
+                max_answer_bytes=MAX_TASK_ANSWER_BYTES,
+                too_large_hint=TOO_MANY_JOBS,
             )
         except ServiceError as exc:
             if exc.status_code == 400:
@@ -364,19 +366,17 @@ class ExtractionTaskClient(ServiceClient):
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
-        request: dict[str, Any] = {
-            "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT),
-            "status_hints": CRTDL_REFUSALS,
-        }
-        request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
-        request["headers"] = {"Content-Type": "application/json", "Accept": FHIR_JSON}
         try:
             response = self.request(
                 "POST",
                 "/fhir/$evaluate-cohort",
                 operation="preview cohort",
                 content=crtdl,
-                **request,
+                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
+                status_hints=CRTDL_REFUSALS,
+                max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
+                too_large_hint=TOO_LARGE_COHORT,
+                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
             )
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
@@ -403,13 +403,17 @@ class ExtractionTaskClient(ServiceClient):
         Note: a 404 becomes ``JobNotFoundError``.
         Why: the id is one path segment, escaped: it may come from a job.json or a person.
         """
-        bounds: dict[str, Any] = {
-            "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
-            "too_large_hint": NOT_THE_SERVER,
-        }
         path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
-            return self.request(method, path, operation=operation, once=once, **bounds, **kwargs)
+            return self.request(
+                method,
+                path,
+                operation=operation,
+                once=once,
+                max_answer_bytes=MAX_TASK_ANSWER_BYTES,
+                too_large_hint=NOT_THE_SERVER,
+                **kwargs,
+            )
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise
