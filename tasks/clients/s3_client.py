@@ -23,11 +23,12 @@ from boto3.exceptions import S3UploadFailedError
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
+    ConnectionError as BotoConnectionError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
+    SSLError,
 )
-from botocore.exceptions import HTTPClientError, SSLError
-from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
