@@ -329,14 +329,16 @@ class ExtractionTaskClient(ServiceClient):
         """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        content, headers = (
-            json.dumps(update).encode(),
-            {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
-        )
+        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
         operation = "set extraction job priority"
         try:
             return self._job_request(
-                "PUT", job_id, "", operation=operation, content=content, headers=headers
+                "PUT",
+                job_id,
+                "",
+                operation=operation,
+                content=json.dumps(update).encode(),
+                headers=headers,
             )
         except ServiceError as exc:
             if exc.status_code != 428:

@@ -145,22 +145,18 @@ class ExtractionServerClient(Closing):
             "operation": f"submit extraction to {shown_url(self.base_url)}",
             "service": SERVICE,
         }
-        content, timeout = (
-            json.dumps(kickoff_parameters(crtdl)).encode(),
-            http_timeout(SUBMIT_TIMEOUT),
-        )
+        content = json.dumps(kickoff_parameters(crtdl)).encode()
 
         def attempt() -> ExtractionHandle:
             deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
-            url = self.base_url + SUBMIT_PATH
             with answer_within(
                 self.http,
                 deadline,
                 "POST",
-                url,
+                self.base_url + SUBMIT_PATH,
                 body=content,
                 headers=FHIR_JSON_HEADERS,
-                timeout=timeout,
+                timeout=http_timeout(SUBMIT_TIMEOUT),
                 **where,
             ) as answer:
                 raise_for_service_status(answer, **where, hints=CRTDL_REFUSALS)

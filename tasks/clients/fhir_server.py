@@ -235,12 +235,12 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     """Make the rejection of a transaction answered 4xx/5xx, naming the entry if known."""
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
-    failed_entry, outcome = (
-        int(match.group(1)) if match else None,
-        truncate("; ".join(texts), MAX_MESSAGE_CHARS),
-    )
     return TransactionRejected(
-        answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error
+        answer,
+        error.message,
+        failed_entry=int(match.group(1)) if match else None,
+        outcome=truncate("; ".join(texts), MAX_MESSAGE_CHARS),
+        cause=error,
     )
 
 

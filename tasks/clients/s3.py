@@ -83,10 +83,10 @@ class S3Uploader:
             self._manifest.attempted(key)
             and (stored := self._stored_copy(path, key, found)) is not None
         ):
-            where = (key, self._bucket)
             log.info(
                 "S3 object %s is already in bucket %s with this content (an earlier run's upload)",
-                *where,
+                key,
+                self._bucket,
             )
         else:
             self._manifest.note_attempt(key)
