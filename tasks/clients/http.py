@@ -237,9 +237,13 @@ class ServiceClient(Closing):
             with self._answer(bound, method, url, where, request_kwargs) as response:
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
-                limit, hint, source = max_answer_bytes, too_large_hint, response.url
                 body = read_answer(
-                    response, limit, deadline=bound, **where, hint=hint, source=source
+                    response,
+                    max_answer_bytes,
+                    deadline=bound,
+                    **where,
+                    hint=too_large_hint,
+                    source=response.url,
                 )
                 return answered(response, body)
 

@@ -118,9 +118,13 @@ class S3Uploader:
             )
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
         elapsed, mb = time.perf_counter() - started, size / MB
-        rate = (mb, elapsed, mb / max(elapsed, 1e-9))
         log.info(
-            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate
+            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
+            key,
+            self._bucket,
+            mb,
+            elapsed,
+            mb / max(elapsed, 1e-9),
         )
         return uploaded
 
