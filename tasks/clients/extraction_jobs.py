@@ -287,16 +287,14 @@ class ExtractionTaskClient(ServiceClient):
         job = ExtractionJob.from_task(document_of(response, action))
         return ControlResult(job, changed=True)
 
-    def set_priority(
-        self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS
-    ) -> ControlResult:
+    def set_priority(self, job_id: str, level: str) -> ControlResult:
         """Set the Task's priority (``high`` or ``normal``) with ``If-Match``.
 
         Note: reads the Task and PUTs it with ``If-Match: W/"<versionId>"``; on a stale version
-        (409/412) reads it again and retries, up to ``attempts`` times.
+        (409/412) reads it again and retries, up to ``PRIORITY_ATTEMPTS`` times.
         """
         priority = TASK_PRIORITY_FOR[level]
-        for _ in range(attempts):
+        for _ in range(PRIORITY_ATTEMPTS):
             task = self.read_task(job_id)
             job = ExtractionJob.from_task(task)
             if job.priority == level.upper():
@@ -312,8 +310,8 @@ class ExtractionTaskClient(ServiceClient):
                 continue
             return ControlResult(self._updated_job(job_id, response), changed=True)
         message = (
-            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as "
-            "batches finished); try again"
+            f"job {job_id} kept changing (its version moved on {PRIORITY_ATTEMPTS} times in a row, "
+            "e.g. as batches finished); try again"
         )
         raise ServiceError(
             "set extraction job priority", None, message, transient=True, service=SERVICE

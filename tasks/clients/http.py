@@ -49,12 +49,14 @@ TOO_LARGE_HINT = (
 )
 
 
-def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
+def http_timeout(read: timedelta) -> httpx.Timeout:
     """Make a per-request timeout from a configured duration.
 
-    Note: ``read`` bounds each read, write and pool wait.
+    Note: ``read`` bounds each read, write and pool wait; a connect at most 10 s.
     """
-    return httpx.Timeout(read.total_seconds(), connect=min(connect, read).total_seconds())
+    return httpx.Timeout(
+        read.total_seconds(), connect=min(DEFAULT_CONNECT_TIMEOUT, read).total_seconds()
+    )
 
 
 def read_seconds(timeout: httpx.Timeout) -> float:

@@ -46,7 +46,7 @@ class PseudonymizationError(StepError):
 class EntryTooLargeError(PseudonymizationError):
     """One Bundle entry alone does not fit in a request below the split threshold."""
 
-    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int = 0):
+    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int):
         self.entry_label, self.index = resource_label(entry), index
         self.size, self.threshold_bytes = size, threshold_bytes
         fields = (
