@@ -178,7 +178,7 @@ def service_name(client: httpx.Client) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-class Closing(contextlib.AbstractContextManager["Closing"]):
+class Closing:
     """A context manager that closes its ``http`` client."""
 
     http: httpx.Client
