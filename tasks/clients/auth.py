@@ -128,12 +128,8 @@ class TokenSource:
         verify: ssl.SSLContext | bool,
         deadline: timedelta = TOKEN_DEADLINE,
     ):
-        self.issuer, self.client_id, self._client_secret = (
-            issuer.rstrip("/"),
-            client_id,
-            client_secret,
-        )
-        self._verify, self._deadline = verify, deadline
+        self.issuer, self.client_id = issuer.rstrip("/"), client_id
+        self._client_secret, self._verify, self._deadline = client_secret, verify, deadline
         self._token_endpoint: str | None = None
         self._token: str | None = None
         # clock() after which the token is renewed; None: until rejected
@@ -288,10 +284,12 @@ class TokenSource:
             )
         else:
             text = f"HTTP {response.status_code} {response.reason_phrase}"
-        message = f"issuer {self.issuer}, client {self.client_id}: {text}"
-        transient = is_transient_status(response.status_code)
         raise ServiceError(
-            "fetch OAuth token", response.status_code, message, transient=transient, service="oauth"
+            "fetch OAuth token",
+            response.status_code,
+            f"issuer {self.issuer}, client {self.client_id}: {text}",
+            transient=is_transient_status(response.status_code),
+            service="oauth",
         )
 
 
@@ -311,8 +309,8 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
     )
     # AuthSettings refuses an OAuth block without all three
     assert issuer is not None and client_id is not None and client_secret is not None
-    issuer, secret = issuer.rstrip("/"), client_secret.get_secret_value()
-    key = (issuer, client_id, hashlib.sha256(secret.encode()).hexdigest())
+    secret = client_secret.get_secret_value()
+    key = (issuer.rstrip("/"), client_id, hashlib.sha256(secret.encode()).hexdigest())
     with _token_sources_lock:
         return _token_sources.setdefault(key, TokenSource(issuer, client_id, secret, verify))
 
@@ -341,7 +339,6 @@ class ServiceAuth(httpx.Auth):
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
-        self._issuer = None if self._tokens is None else self._tokens.issuer
         # a token in the configured URL's query, a credential too
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
@@ -377,7 +374,8 @@ class ServiceAuth(httpx.Auth):
         renewed = False
         rejected: str | None = None
         visited = {request.url}
-        with naming_setting(self.issuer_setting, self._issuer):  # a token's request
+        issuer = None if self._tokens is None else self._tokens.issuer
+        with naming_setting(self.issuer_setting, issuer):  # a token's request
             while True:
                 token = self._scope_credentials(request, rejected)
                 response = yield request
@@ -470,9 +468,9 @@ class ServiceAuth(httpx.Auth):
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
-            origins = (origin_text(origin), origin_text(self.origin))
             log.info(
                 "%s: sending no credentials to %s (not the service origin %s)",
                 self.service,
-                *origins,
+                origin_text(origin),
+                origin_text(self.origin),
             )

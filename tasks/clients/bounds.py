@@ -309,7 +309,8 @@ def read_answer(
 
     Note: ``deadline`` is checked after each piece.
     """
-    _refuse_declared(response, limit, **where)
+    if (size := declared_size(response)) is not None and size > limit:
+        raise answer_too_large(size_text(size), limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
         body += piece
@@ -318,21 +319,6 @@ def read_answer(
         if deadline is not None:
             deadline.check(where["operation"], where["service"])
     return bytes(body)
-
-
-def _refuse_declared(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> None:
-    if (size := declared_size(response)) is not None and size > limit:
-        raise answer_too_large(size_text(size), limit, **where)
-
-
-def read_response(
-    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
-) -> httpx.Response:
-    """Read a streamed ``response`` as httpx would, but at most ``limit`` bytes of it."""
-    body = read_answer(
-        response, limit, operation=operation, service=service, hint=hint, source=response.url
-    )
-    return answered(response, body)
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:

@@ -24,8 +24,9 @@ from tasks.clients.errors import (
     is_transient_network_error,
     is_transient_status,
     json_or_none,
+    network_error,
+    raise_for_service_status,
 )
-from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
@@ -218,17 +219,15 @@ class _Download:
     _told: int = 0  # body bytes told to on_bytes
 
     def attempt(self) -> FileStats:
-        url, headers, timeout = (
-            self._url,
-            {"Accept": NDJSON_ACCEPT},
-            http_timeout(self._stall_timeout),
-        )
+        url, headers = self._url, {"Accept": NDJSON_ACCEPT}
         if self._received:
             headers["Range"] = f"bytes={self._received}-"
         with contextlib.ExitStack() as stack:
             try:
                 response = stack.enter_context(
-                    self._client.stream("GET", url, headers=headers, timeout=timeout)
+                    self._client.stream(
+                        "GET", url, headers=headers, timeout=http_timeout(self._stall_timeout)
+                    )
                 )
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
@@ -239,9 +238,8 @@ class _Download:
             ):
                 # every byte had come; only the body's end was lost (a chunked body's last)
                 return self._finished()
-            operation = f"download {shown_url(url)}"
             raise_for_service_status(
-                response, operation=operation, service=service_name(self._client)
+                response, operation=f"download {shown_url(url)}", service=service_name(self._client)
             )
             check_response(response, url, resuming_at=self._received)
             # the whole file: a first attempt, or a server that ignored the Range

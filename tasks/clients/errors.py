@@ -125,10 +125,7 @@ def network_error(
     exc: httpx.TransportError, *, operation: str, service: str | None
 ) -> ServiceError:
     """Turn a transport error into a ``ServiceError`` naming where and the fix."""
-    message, transient = (
-        f"network error: {type(exc).__name__}: {exc}{where(exc)}",
-        is_transient_network_error(exc),
-    )
+    message = f"network error: {type(exc).__name__}: {exc}{where(exc)}"
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
@@ -136,7 +133,12 @@ def network_error(
     else:
         message += nothing_answers(exc)
     return ServiceError(
-        operation, None, message, transient=transient, service=service, no_answer=True
+        operation,
+        None,
+        message,
+        transient=is_transient_network_error(exc),
+        service=service,
+        no_answer=True,
     )
 
 
@@ -214,14 +216,13 @@ def error_from_response(
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
     if hint := (hints or {}).get(response.status_code):
         message = f"{message}; {hint}"
-    status, retry_after = (
-        response.status_code,
-        parse_retry_after(response.headers.get("Retry-After")),
-    )
-    transient = is_transient_status(status)
-    operation, service = call["operation"], call["service"]
     return ServiceError(
-        operation, status, message, transient=transient, service=service, retry_after=retry_after
+        call["operation"],
+        response.status_code,
+        message,
+        transient=is_transient_status(response.status_code),
+        service=call["service"],
+        retry_after=parse_retry_after(response.headers.get("Retry-After")),
     )
 
 

@@ -71,9 +71,7 @@ class ExtractionCancelledError(ExtractionError):
     Note: a person's doing; nothing is lost.
     """
 
-    def __init__(
-        self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"
-    ):
+    def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
         done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
         super().__init__(
             f"extraction job {handle.job_id} was {done} on the extraction server (its status "

@@ -21,13 +21,15 @@ from tasks.core.json_shapes import as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import (
+    BASE_URL_SETTING,
+    CRTDL_REFUSALS,
     SERVICE,
     TASK_TIMEOUT,
     ExtractionError,
     base_url_of,
     job_status_of,
+    progress_values,
 )
-from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, progress_values
 from tasks.clients.http import (
     FHIR_JSON,
     FHIR_JSON_HEADERS,
@@ -234,14 +236,14 @@ class ExtractionTaskClient(ServiceClient):
         }
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
-            request: dict[str, Any] = {
-                "params": params,
-                "headers": headers,
-                "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
-            }
-            request["too_large_hint"] = TOO_MANY_JOBS
             response = self.request(
-                "GET", "/fhir/Task", operation="search extraction jobs", **request
+                "GET",
+                "/fhir/Task",
+                operation="search extraction jobs",
+                params=params,
+                headers=headers,
+                max_answer_bytes=MAX_TASK_ANSWER_BYTES,
+                too_large_hint=TOO_MANY_JOBS,
             )
         except ServiceError as exc:
             if exc.status_code == 400:
@@ -285,16 +287,14 @@ class ExtractionTaskClient(ServiceClient):
         job = ExtractionJob.from_task(document_of(response, action))
         return ControlResult(job, changed=True)
 
-    def set_priority(
-        self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS
-    ) -> ControlResult:
+    def set_priority(self, job_id: str, level: str) -> ControlResult:
         """Set the Task's priority (``high`` or ``normal``) with ``If-Match``.
 
         Note: reads the Task and PUTs it with ``If-Match: W/"<versionId>"``; on a stale version
-        (409/412) reads it again and retries, up to ``attempts`` times.
+        (409/412) reads it again and retries, up to ``PRIORITY_ATTEMPTS`` times.
         """
         priority = TASK_PRIORITY_FOR[level]
-        for _ in range(attempts):
+        for _ in range(PRIORITY_ATTEMPTS):
             task = self.read_task(job_id)
             job = ExtractionJob.from_task(task)
             if job.priority == level.upper():
@@ -310,8 +310,8 @@ class ExtractionTaskClient(ServiceClient):
                 continue
             return ControlResult(self._updated_job(job_id, response), changed=True)
         message = (
-            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as "
-            "batches finished); try again"
+            f"job {job_id} kept changing (its version moved on {PRIORITY_ATTEMPTS} times in a row, "
+            "e.g. as batches finished); try again"
         )
         raise ServiceError(
             "set extraction job priority", None, message, transient=True, service=SERVICE
@@ -327,14 +327,16 @@ class ExtractionTaskClient(ServiceClient):
         """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        content, headers = (
-            json.dumps(update).encode(),
-            {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
-        )
+        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
         operation = "set extraction job priority"
         try:
             return self._job_request(
-                "PUT", job_id, "", operation=operation, content=content, headers=headers
+                "PUT",
+                job_id,
+                "",
+                operation=operation,
+                content=json.dumps(update).encode(),
+                headers=headers,
             )
         except ServiceError as exc:
             if exc.status_code != 428:
@@ -364,19 +366,17 @@ class ExtractionTaskClient(ServiceClient):
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
-        request: dict[str, Any] = {
-            "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT),
-            "status_hints": CRTDL_REFUSALS,
-        }
-        request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
-        request["headers"] = {"Content-Type": "application/json", "Accept": FHIR_JSON}
         try:
             response = self.request(
                 "POST",
                 "/fhir/$evaluate-cohort",
                 operation="preview cohort",
                 content=crtdl,
-                **request,
+                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
+                status_hints=CRTDL_REFUSALS,
+                max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
+                too_large_hint=TOO_LARGE_COHORT,
+                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
             )
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
@@ -403,13 +403,17 @@ class ExtractionTaskClient(ServiceClient):
         Note: a 404 becomes ``JobNotFoundError``.
         Why: the id is one path segment, escaped: it may come from a job.json or a person.
         """
-        bounds: dict[str, Any] = {
-            "max_answer_bytes": MAX_TASK_ANSWER_BYTES,
-            "too_large_hint": NOT_THE_SERVER,
-        }
         path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
-            return self.request(method, path, operation=operation, once=once, **bounds, **kwargs)
+            return self.request(
+                method,
+                path,
+                operation=operation,
+                once=once,
+                max_answer_bytes=MAX_TASK_ANSWER_BYTES,
+                too_large_hint=NOT_THE_SERVER,
+                **kwargs,
+            )
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise

@@ -21,39 +21,36 @@ import orjson
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import (
+    Call,
+    ServiceError,
     error_from_response,
+    first_bytes,
     is_transient_network_error,
     is_transient_status,
     network_error,
-)
-from tasks.clients.errors import Call, first_bytes, nothing_answers, where as failed_at
-from tasks.clients.errors import (
-    ServiceError,
+    nothing_answers,
     operation_outcome_texts,
     parse_retry_after,
     raise_for_service_status,
-)
-from tasks.clients.extraction_documents import (
-    SERVICE,
-    DeadHandleError,
-    ExtractionCancelledError,
-    ExtractionError,
-)
-from tasks.clients.extraction_documents import (
-    ExtractionHandle,
-    ExtractionTimeoutError,
-)
-from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
-from tasks.clients.extraction_documents import (
-    job_status_of,
-    requires_access_token,
-    resolve_file_url,
-    result_urls,
+    where as failed_at,
 )
 from tasks.clients.extraction_documents import (
     BASE_URL_SETTING,
     CRTDL_REFUSALS,
+    SERVICE,
+    DeadHandleError,
+    ExtractionCancelledError,
+    ExtractionError,
+    ExtractionHandle,
+    ExtractionTimeoutError,
     StatusUrlMismatchError,
+    base_url_of,
+    job_status_of,
+    kickoff_parameters,
+    manifest_request,
+    requires_access_token,
+    resolve_file_url,
+    result_urls,
 )
 from tasks.clients.http import (
     FHIR_JSON_HEADERS,
@@ -148,22 +145,18 @@ class ExtractionServerClient(Closing):
             "operation": f"submit extraction to {shown_url(self.base_url)}",
             "service": SERVICE,
         }
-        content, timeout = (
-            json.dumps(kickoff_parameters(crtdl)).encode(),
-            http_timeout(SUBMIT_TIMEOUT),
-        )
+        content = json.dumps(kickoff_parameters(crtdl)).encode()
 
         def attempt() -> ExtractionHandle:
             deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
-            url = self.base_url + SUBMIT_PATH
             with answer_within(
                 self.http,
                 deadline,
                 "POST",
-                url,
+                self.base_url + SUBMIT_PATH,
                 body=content,
                 headers=FHIR_JSON_HEADERS,
-                timeout=timeout,
+                timeout=http_timeout(SUBMIT_TIMEOUT),
                 **where,
             ) as answer:
                 raise_for_service_status(answer, **where, hints=CRTDL_REFUSALS)

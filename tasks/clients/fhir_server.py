@@ -18,13 +18,15 @@ from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
+    BODY_LIMIT,
     MAX_MESSAGE_CHARS,
+    Call,
     ServiceError,
-    first_bytes,
     error_from_response,
+    first_bytes,
     json_or_none,
+    operation_outcome_texts,
 )
-from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts
 from tasks.clients.http import (
     FHIR_JSON_HEADERS,
     Closing,
@@ -90,23 +92,16 @@ class TransactionRejected(ServiceError):
         outcome: str = "",
         cause: ServiceError | None = None,
     ):
-        transient, retry_after = (
-            (cause.transient, cause.retry_after) if cause is not None else (False, None)
-        )
-        status = answer.response.status_code
         super().__init__(
             "transaction",
-            status,
+            answer.response.status_code,
             message,
-            transient=transient,
+            transient=cause is not None and cause.transient,
             service=SERVICE_NAME,
-            retry_after=retry_after,
+            retry_after=None if cause is None else cause.retry_after,
         )
-        self.response_text, self.failed_entry, self.outcome = (
-            response_text(answer),
-            failed_entry,
-            outcome,
-        )
+        self.response_text = response_text(answer)
+        self.failed_entry, self.outcome = failed_entry, outcome
 
 
 class FhirServer(Closing):
@@ -147,7 +142,6 @@ class FhirServer(Closing):
             "/fhir",
             "transaction",
             body,
-            len(body),
             rejection=rejected_by_status,
             extra_headers=RETURN_MINIMAL,
         )
@@ -161,12 +155,9 @@ class FhirServer(Closing):
         Note: ``body`` is the JSON, or a function that streams it afresh per attempt (its ``length``
         then goes into Content-Length).
         """
-        size, name = (
-            len(body) if isinstance(body, bytes) else length,
-            f"{resource_type}/{resource_id}",
-        )
+        name = f"{resource_type}/{resource_id}"
         self._call(
-            "PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS
+            "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_answer=False, hints=PUT_HINTS
         )
 
     def get(self, path: str, **params: str) -> dict[str, Any]:
@@ -181,7 +172,7 @@ class FhirServer(Closing):
         path: str,
         operation: str,
         body: Body | None = None,
-        size: int | None = None,
+        length: int | None = None,
         *,
         read_answer: bool = True,
         params: dict[str, str] | None = None,
@@ -192,8 +183,9 @@ class FhirServer(Closing):
         """Make one call with retry, each attempt in its deadline, the answer read bounded.
 
         Note: not read at all without ``read_answer``. A 4xx/5xx answer raises its ``ServiceError``,
-        or what ``rejection`` makes of it.
+        or what ``rejection`` makes of it. ``length``: a streamed ``body``'s size.
         """
+        size = len(body) if isinstance(body, bytes) else length
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
@@ -243,12 +235,12 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     """Make the rejection of a transaction answered 4xx/5xx, naming the entry if known."""
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
-    failed_entry, outcome = (
-        int(match.group(1)) if match else None,
-        truncate("; ".join(texts), MAX_MESSAGE_CHARS),
-    )
     return TransactionRejected(
-        answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error
+        answer,
+        error.message,
+        failed_entry=int(match.group(1)) if match else None,
+        outcome=truncate("; ".join(texts), MAX_MESSAGE_CHARS),
+        cause=error,
     )
 
 

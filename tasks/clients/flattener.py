@@ -56,9 +56,13 @@ class Flattener:
         """
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
-            limit, hint, service = MAX_METADATA_BYTES, NOT_A_SERVICE_HINT, self._service
             content = read_answer(
-                response, limit, operation=operation, service=service, hint=hint, deadline=deadline
+                response,
+                MAX_METADATA_BYTES,
+                operation=operation,
+                service=self._service,
+                hint=NOT_A_SERVICE_HINT,
+                deadline=deadline,
             )
         if not lists_view_run(json_or_none(content, orjson.loads)):
             raise StepError(

@@ -49,12 +49,14 @@ TOO_LARGE_HINT = (
 )
 
 
-def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
+def http_timeout(read: timedelta) -> httpx.Timeout:
     """Make a per-request timeout from a configured duration.
 
-    Note: ``read`` bounds each read, write and pool wait.
+    Note: ``read`` bounds each read, write and pool wait; a connect at most 10 s.
     """
-    return httpx.Timeout(read.total_seconds(), connect=min(connect, read).total_seconds())
+    return httpx.Timeout(
+        read.total_seconds(), connect=min(DEFAULT_CONNECT_TIMEOUT, read).total_seconds()
+    )
 
 
 def read_seconds(timeout: httpx.Timeout) -> float:
@@ -176,7 +178,7 @@ def service_name(client: httpx.Client) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-class Closing(contextlib.AbstractContextManager["Closing"]):
+class Closing:
     """A context manager that closes its ``http`` client."""
 
     http: httpx.Client
@@ -237,9 +239,13 @@ class ServiceClient(Closing):
             with self._answer(bound, method, url, where, request_kwargs) as response:
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
-                limit, hint, source = max_answer_bytes, too_large_hint, response.url
                 body = read_answer(
-                    response, limit, deadline=bound, **where, hint=hint, source=source
+                    response,
+                    max_answer_bytes,
+                    deadline=bound,
+                    **where,
+                    hint=too_large_hint,
+                    source=response.url,
                 )
                 return answered(response, body)
 

@@ -46,7 +46,7 @@ class PseudonymizationError(StepError):
 class EntryTooLargeError(PseudonymizationError):
     """One Bundle entry alone does not fit in a request below the split threshold."""
 
-    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int = 0):
+    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int):
         self.entry_label, self.index = resource_label(entry), index
         self.size, self.threshold_bytes = size, threshold_bytes
         fields = (
@@ -128,17 +128,19 @@ class Pseudonymizer:
         deadline: timedelta | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        """``deadline`` bounds each whole request; by default the client's read timeout, which
-        ``http_timeout`` sets to the configured ``services.pseudonymizer.timeout``."""
+        """Send through ``client``; ``deadline`` bounds each whole request.
+
+        Note: by default the client's read timeout, which ``http_timeout`` sets to the configured
+        ``services.pseudonymizer.timeout``.
+        """
         seconds = (
             read_seconds(client.http.timeout) if deadline is None else deadline.total_seconds()
         )
-        bound = functools.partial(Deadline, seconds, DEADLINE_SETTING)
         self._send = functools.partial(
             client.request,
             "POST",
             DE_IDENTIFY_PATH,
-            deadline=bound,
+            deadline=functools.partial(Deadline, seconds, DEADLINE_SETTING),
             max_answer_bytes=max_answer_bytes,
             too_large_hint=TOO_LARGE_ANSWER_HINT,
             headers=FHIR_JSON_HEADERS,

@@ -5,7 +5,6 @@ See docs/development.md#service-clients.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -13,9 +12,8 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
-T = TypeVar("T")
 
 MANIFEST_VERSION = 1
 MB = 1024 * 1024
@@ -86,10 +83,10 @@ class S3Uploader:
             self._manifest.attempted(key)
             and (stored := self._stored_copy(path, key, found)) is not None
         ):
-            where = (key, self._bucket)
             log.info(
                 "S3 object %s is already in bucket %s with this content (an earlier run's upload)",
-                *where,
+                key,
+                self._bucket,
             )
         else:
             self._manifest.note_attempt(key)
@@ -121,9 +118,13 @@ class S3Uploader:
             )
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
         elapsed, mb = time.perf_counter() - started, size / MB
-        rate = (mb, elapsed, mb / max(elapsed, 1e-9))
         log.info(
-            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate
+            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
+            key,
+            self._bucket,
+            mb,
+            elapsed,
+            mb / max(elapsed, 1e-9),
         )
         return uploaded
 
@@ -216,11 +217,33 @@ class Manifest:
         self._folder, self._bucket = manifest_path.with_suffix(""), bucket
 
     def recorded(self, key: str) -> UploadedObject | None:
-        """The object recorded as ``key`` in this bucket."""
-        path, parse = self._record_path(key), functools.partial(_record, key)
-        return _read_manifest_file(
-            "S3 manifest record", path, self._bucket, parse, f"{key} is uploaded again"
-        )
+        """The object recorded as ``key`` in this bucket; None when missing or unusable.
+
+        Note: an unreadable record, or another bucket's, is logged as such.
+        """
+        path, then = self._record_path(key), f"{key} is uploaded again"
+        try:
+            record = json.loads(path.read_bytes())
+            recorded = UploadedObject(
+                record["key"], record["size"], record["etag"], record["source_modified_ns"]
+            )
+            if recorded.key != key:
+                raise ValueError(f"it records key {recorded.key}")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("S3 manifest record %s is unreadable (%s); %s", path, exc, then)
+            return None
+        if (described := record.get("bucket")) != self._bucket:
+            log.warning(
+                "S3 manifest record %s describes bucket %s, not %s; %s",
+                path,
+                described,
+                self._bucket,
+                then,
+            )
+            return None
+        return recorded
 
     def record(self, uploaded: UploadedObject) -> None:
         record = {"version": MANIFEST_VERSION, "bucket": self._bucket, **asdict(uploaded)}
@@ -247,36 +270,6 @@ class Manifest:
         Why: a key may be longer than a file name may be and hold characters a file name may not.
         """
         return self._folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
-
-
-def _record(key: str, record: dict[str, Any]) -> UploadedObject:
-    recorded = UploadedObject(
-        record["key"], record["size"], record["etag"], record["source_modified_ns"]
-    )
-    if recorded.key != key:
-        raise ValueError(f"it records key {recorded.key}")
-    return recorded
-
-
-def _read_manifest_file(
-    what: str, path: Path, bucket: str | None, parse: Callable[[Any], T], then: str
-) -> T | None:
-    """Parse the JSON in ``path``; None when missing, unreadable or another's.
-
-    Note: on None it logs why, then ``then``.
-    """
-    try:
-        document = json.loads(path.read_bytes())
-        parsed = parse(document)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("%s %s is unreadable (%s); %s", what, path, exc, then)
-        return None
-    if (described := document.get("bucket")) != bucket:
-        log.warning("%s %s describes bucket %s, not %s; %s", what, path, described, bucket, then)
-        return None
-    return parsed
 
 
 def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:

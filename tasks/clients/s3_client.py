@@ -23,11 +23,12 @@ from boto3.exceptions import S3UploadFailedError
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
+    ConnectionError as BotoConnectionError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
+    SSLError,
 )
-from botocore.exceptions import HTTPClientError, SSLError
-from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
@@ -92,14 +93,11 @@ def make_s3_client(
     if (login := basic_login(send.auth)) is not None:
         refuse_proxy_auth_beyond_the_proxy(send)
         client.meta.events.register("before-send.s3", ProxyAuthorization(*login))
-    where = (
+    log.info(
+        "S3 client for bucket %s at %s (%s addressing)%s",
         s3.bucket,
         s3.endpoint or "the default endpoint",
         "path-style" if s3.use_path_style else "automatic",
-    )
-    log.info(
-        "S3 client for bucket %s at %s (%s addressing)%s",
-        *where,
         " with proxy authentication" if login else "",
     )
     return client
