@@ -447,8 +447,10 @@ class ServiceAuth(httpx.Auth):
             self._withhold(request)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
-        """Attach credentials for the service's origin, strip them for any other; returns the bearer
-        token used."""
+        """Attach credentials for the service's origin, strip them for any other.
+
+        Note: returns the bearer token used.
+        """
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None

@@ -112,7 +112,7 @@ class Deadline:
 
 
 class _Watchdog:
-    """One thread per process that shuts down the connections of the deadlines that pass.
+    """One thread per process, shutting down the connections whose deadline passed.
 
     Why:
     - A timer thread per request cost each of the pseudonymizer's many small requests a thread
@@ -174,9 +174,11 @@ class ReplayableBody:
 
 
 class UnreadBody(httpx.SyncByteStream):
-    """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the
-    next request; this reads nothing, and closing it closes the connection (which cannot carry
-    another request)."""
+    """The body of an answer not used (a redirect's, a 401's), left unread.
+
+    Why: httpx would read it whole before the next request.
+    Note: closing it closes the connection, which cannot carry another request.
+    """
 
     def __init__(self, stream: httpx.SyncByteStream):
         self._stream = stream

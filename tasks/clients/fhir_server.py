@@ -218,7 +218,7 @@ class FhirServer(Closing):
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
 
     def _attempt_deadline(self, size: int | None) -> Deadline:
-        """Start the deadline of one attempt: the request's, plus the upload of ``size`` bytes."""
+        """Start one attempt's deadline: the request's plus the upload of ``size`` bytes."""
         seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
         return Deadline(seconds, DEADLINE_SETTING)
 

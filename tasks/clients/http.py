@@ -1,10 +1,7 @@
-"""The one place outgoing HTTP clients are made (from a ``ServiceEndpoint``): TLS, credentials and
-timeouts.
+"""The one place outgoing HTTP clients are made: TLS, credentials and timeouts.
 
-Redirects are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the
-service's origin. ``ServiceClient.request`` sends under ``tasks.clients.retry``'s policy and reads
-the answer at most ``max_answer_bytes`` far; clients that stream a body or an answer pass their own
-attempt to ``call_with_retry``.
+Redirects go through the auth flow (credentials reach only the service's origin); retries through
+``tasks.clients.retry``. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations

@@ -117,7 +117,10 @@ class RequestBody:
 
 
 class Pseudonymizer:
-    """De-identifies resources through one ``ServiceClient``; thread-safe (its callers fan out)."""
+    """De-identifies resources through one ``ServiceClient``.
+
+    Note: thread-safe (its callers fan out).
+    """
 
     def __init__(
         self,
@@ -149,8 +152,10 @@ class Pseudonymizer:
         self.split_threshold_bytes = split_threshold_mb * MB
 
     def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
-        """De-identify one resource given as its JSON bytes and parsed form; large Bundles are
-        split."""
+        """De-identify one resource given as its JSON bytes and parsed form.
+
+        Note: a large Bundle is split, and put back together from the answers.
+        """
         if not needs_split(resource, self.split_threshold_bytes):
             return Pseudonymized(self._deidentify(resource_json, resource)[0], 1, False)
         # the chunks and the Bundle put back keep every number's digits

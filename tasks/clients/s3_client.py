@@ -1,4 +1,4 @@
-"""The boto3 S3 client of the s3_upload send mode: TLS, proxy auth, errors without secrets.
+"""The boto3 S3 client of s3_upload: TLS, proxy auth, errors without secrets.
 
 See docs/development.md#service-clients.
 """

@@ -258,7 +258,10 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``ServiceClient``; thread-safe (its callers fan out)."""
+    """Validates chunks through one ``ServiceClient``.
+
+    Note: thread-safe (its callers fan out).
+    """
 
     def __init__(
         self,
@@ -280,8 +283,10 @@ class Validator:
         )
 
     def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's
-        ``ServiceError``."""
+        """Return the OperationOutcome for ``chunk``, else raise its ``ServiceError``.
+
+        Note: an outcome is taken from a 2xx answer or a 412/422.
+        """
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         response = self._send(operation=operation, body=chunk.body)
         if (outcome := as_operation_outcome(response.content)) is not None:
