@@ -6,9 +6,9 @@ See docs/development.md#the-flow.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from dataclasses import dataclass
+import importlib
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from uuid import UUID
 
@@ -33,14 +33,10 @@ from flows.jobs import (
     refuse_invisible_url_characters,
 )
 from flows.run_logging import keep_one_trace_per_failure
-from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.core.readable import counted
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
-from tasks.extractor import cancel_replaced_extraction, extractor
-from tasks.flattening import flattening, shaped_settings as flattening_shape
-from tasks.http_import import http_import, shaped_settings as http_import_shape
 from tasks.job.contract import (
     StepInput,
     StepKind,
@@ -53,35 +49,28 @@ from tasks.job.contract import (
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import FAILED, counts_text, read_facts, record_facts
-from tasks.local_import import local_import, shaped_settings as local_import_shape
-from tasks.pseudonymizer import pseudonymizer, shaped_settings as pseudonymizer_shape
-from tasks.send import send, shaped_settings as send_shape
-from tasks.validation import validation
-from tasks.wait import wait
 
 
-@dataclass(frozen=True)
-class StepSpec:
-    """A step's kind, task, and the settings that shape its output.
-
-    Note: None for the extractor: never extract again.
-    """
-
-    kind: StepKind
-    task: Any
-    shaped_by: Callable[[Settings], Any] | None = None
-
-
-STEPS: dict[str, StepSpec] = {
-    "extractor": StepSpec(StepKind.IMPORT, extractor),
-    "local_import": StepSpec(StepKind.IMPORT, local_import, local_import_shape),
-    "http_import": StepSpec(StepKind.IMPORT, http_import, http_import_shape),
-    "pseudonymizer": StepSpec(StepKind.TRANSFORM, pseudonymizer, pseudonymizer_shape),
-    "wait": StepSpec(StepKind.GATE, wait),
-    "validation": StepSpec(StepKind.PASS_THROUGH, validation),
-    "flattening": StepSpec(StepKind.TRANSFORM, flattening, flattening_shape),
-    "send": StepSpec(StepKind.SINK, send, send_shape),
+STEPS: dict[str, StepKind] = {
+    "extractor": StepKind.IMPORT,
+    "local_import": StepKind.IMPORT,
+    "http_import": StepKind.IMPORT,
+    "pseudonymizer": StepKind.TRANSFORM,
+    "wait": StepKind.GATE,
+    "validation": StepKind.PASS_THROUGH,
+    "flattening": StepKind.TRANSFORM,
+    "send": StepKind.SINK,
 }
+
+
+def step_module(name: str) -> ModuleType:
+    """The step's module: its task of the same name, its ``shaped_settings`` if any.
+
+    Why: a job imports only the steps it runs.
+    Note: ``shaped_settings`` are the settings that shape the step's output; the extractor has
+    none: never extract again.
+    """
+    return importlib.import_module(f"tasks.{name}")
 
 
 def flow_run_name() -> str:
@@ -272,6 +261,9 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
         )
     # a deployment's run: no CLI check
     refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)
+    from tasks.clients.extraction_documents import ExtractionHandle
+    from tasks.extractor import cancel_replaced_extraction
+
     job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
     replaced = read_facts(job.paths.job_dir).get("extraction_job_id")
     # the job's own extraction, given up for another: not left running
@@ -302,11 +294,12 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
     current: StepResult | None = None  # what the next step reads
     card.refresh()  # the first step at work, with its progress, before it ends
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
-        spec = STEPS[name]
         step = step_input(job, position, name, current)
-        gate = spec.kind is StepKind.GATE
         try:
-            result = run_gate(job, step, results, card, note) if gate else run_step(spec.task, step)
+            if STEPS[name] is StepKind.GATE:
+                result = run_gate(job, step, results, card, note)
+            else:
+                result = run_step(getattr(step_module(name), name), step)
         # a suspend for inspection (Pause) or an abort: not a failure of the step
         except PrefectSignal:
             raise
@@ -320,7 +313,7 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         card.refresh()
         files = f"{counted(len(result.files), 'file')}, {counts_text(result.files)}"
         get_run_logger().info("step %d %s: %s in %s", position + 1, name, files, result.folder)
-        if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
+        if STEPS[name] in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
             current = result
     return results
 
@@ -349,6 +342,7 @@ def run_step(step_task: Any, step: StepInput) -> StepResult:
 
 
 def step_input(job: Job, position: int, name: str, current: StepResult | None) -> StepInput:
+    shaped = getattr(step_module(name), "shaped_settings", None)
     return StepInput(
         job_id=job.job_id,
         job_dir=str(job.paths.job_dir),
@@ -360,5 +354,5 @@ def step_input(job: Job, position: int, name: str, current: StepResult | None) -
         facts=read_facts(job.paths.job_dir),
         config_path=job.record.config_path,
         overrides=job.record.overrides,
-        settings_digest=digest(shaped(job.settings)) if (shaped := STEPS[name].shaped_by) else None,
+        settings_digest=digest(shaped(job.settings)) if shaped else None,
     )

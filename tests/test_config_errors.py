@@ -429,7 +429,7 @@ def test_a_direct_send_of_the_flattening_s_csv_is_refused_when_the_configuration
         assert_reported(rejected(tmp_path, config), "services.send.send_as", "put send before flattening")
     else:
         load_settings(_write(tmp_path, config), env={})
-    data_steps = {name for name, spec in STEPS.items() if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM)}
+    data_steps = {name for name, kind in STEPS.items() if kind in (StepKind.IMPORT, StepKind.TRANSFORM)}
     assert data_steps == set(DATA_STEPS)  # the configuration's list is the pipeline's
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from prefect import Task
+
 from config.settings import IMPORT_STEPS, REPEATABLE_STEPS, STEP_NAMES
-from flows.pipeline import STEPS
+from flows.pipeline import STEPS, step_module
 from tasks.job.contract import StepKind
 from tasks.job.layout import step_folder
 
 
 def steps_of_kind(kind: StepKind) -> set[str]:
-    return {name for name, spec in STEPS.items() if spec.kind == kind}
+    return {name for name, step_kind in STEPS.items() if step_kind == kind}
 
 
 def test_the_flow_runs_exactly_the_steps_the_settings_accept():
@@ -27,3 +29,8 @@ def test_only_the_gate_may_be_listed_more_than_once():
 
 def test_every_import_step_writes_the_import_folder_and_no_other_step_does():
     assert {name for name in STEP_NAMES if step_folder(name) == "import"} == set(IMPORT_STEPS)
+
+
+def test_every_step_has_a_module_of_its_name_holding_its_task():
+    for name in STEPS:
+        assert isinstance(getattr(step_module(name), name), Task)
