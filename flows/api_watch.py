@@ -79,8 +79,10 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
 
 
 def probe(api_url: str) -> Loss | None:
-    """The server or its database missing; None for any other answer (a busy 503, an old server's
-    404)."""
+    """Say what is lost: the server or its database; None for any other answer.
+
+    Note: a busy 503 and an old server's 404 are other answers.
+    """
     answer = api_answer(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
     if answer is None:
@@ -112,8 +114,10 @@ def same_server(api_url: str) -> Callable[[], bool]:
 
 
 def shown_settings(api_url: str) -> Answer | None:
-    """The answer to ``/admin/settings``; None where it tells nothing (none in time, 5xx, 401,
-    403)."""
+    """Return the answer to ``/admin/settings``; None where it tells nothing.
+
+    Note: none in time, a 5xx, 401 or 403 tell nothing.
+    """
     answer = api_answer(api_url, "/admin/settings", PROBE_TIMEOUT)
     return None if answer is None or answer[0] in REFUSED or answer[0] >= 500 else answer
 

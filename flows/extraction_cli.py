@@ -71,7 +71,7 @@ def register_extraction(
     common: argparse.ArgumentParser,
     job_ref: argparse.ArgumentParser,
 ) -> None:
-    """Add ``extraction`` and its subcommands: list, show, the controls, priority, delete."""
+    """Add ``extraction``: list, show, the controls, priority, delete."""
     extraction = commands.add_parser(
         "extraction", help="see and steer jobs on the extraction server"
     )

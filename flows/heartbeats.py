@@ -47,13 +47,15 @@ _ensured_on: Final[set[str]] = set()  # the API URLs this process found holding 
 
 
 def ensure_crash_detection() -> str | None:
-    """Make the automation unless the server has it (of two made at once, the newer goes); return
-    why it could not.
+    """Make the automation unless the server has it; return why it could not.
 
-        Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the
-        run exists: the engine sends the first heartbeat before the flow's first line, a beat the
-        server saw before the automation starts no watch, and a job killed before its second beat
-        would stay Running. The flow makes it too, for a worker's run."""
+    Note:
+    - Of two made at once, the newer goes.
+    - Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the
+      run exists: the engine sends the first heartbeat before the flow's first line, a beat the
+      server saw before the automation starts no watch, and a job killed before its second beat
+      would stay Running. The flow makes it too, for a worker's run.
+    """
     try:
         with get_client(sync_client=True) as client:
             api_url = str(client.api_url)  # asked once: by the command line, then by its flow

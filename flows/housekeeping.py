@@ -258,9 +258,11 @@ def housekeeping_api_url() -> str | None:
 
 
 def server_records(paths: JobPaths) -> tuple[list[ApiObject], list[str], list[str]]:
-    """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's
-    ``dir-…``; a run from before directories were tagged counts for every directory of its job),
-    their ids and their artifacts' ids."""
+    """Return the directory's runs on the server, their ids and their artifacts' ids.
+
+    Note: a run is the directory's by its tags ``job-<id>`` and ``dir-…``; a run from before
+    directories were tagged counts for every directory of its job.
+    """
     if prefect_api_url() is None:
         return [], [], []
     own = directory_tag(paths.job_dir)

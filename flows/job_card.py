@@ -150,7 +150,7 @@ def step_table(
     links: dict[int | None, list[str]],
     base: str,
 ) -> list[str]:
-    """The steps' markdown table: done, failed, running (linked to its progress), not run yet."""
+    """Return the steps' markdown table: done, failed, running (linked), not run yet."""
     lines = [
         "| # | step | state | folder | files | contents | size | time | artifacts |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -97,7 +97,7 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) 
 
 
 def end_attempt(client: SyncPrefectClient, run_id: UUID, before: datetime) -> None:
-    """Set Crashed the task runs an earlier attempt left unfinished (last state ``before``).
+    """Crash the task runs an earlier attempt left unfinished (last state ``before``).
 
     Why: nothing else ends them; the UI showed them Running for good, also after the job completed.
     Note: the server records task runs from their events, late under load: a continued run

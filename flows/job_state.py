@@ -265,7 +265,7 @@ def step_record(
 
 
 def newest_rows(path: str, **filters: JSON) -> list[ApiObject]:
-    """Every row of a ``…/filter`` endpoint, newest first; none where the server could not say.
+    """Return every row of a ``…/filter`` endpoint, newest first; none if unread.
 
     Note:
     - The commands take that as no run (``Unknown``).

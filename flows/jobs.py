@@ -285,7 +285,7 @@ def new_job_plan(
 def refuse_unstorable_names(
     config_path: str | None, job_input: str | None, settings: Settings
 ) -> None:
-    """Refuse a job input URL with hidden characters or credentials, and undecodable paths."""
+    """Refuse URLs with hidden characters or credentials, and undecodable paths."""
     door = "the job input (INPUT)"
     if job_input and "://" in job_input:
         refuse_invisible_url_characters(job_input, door)

@@ -1,4 +1,4 @@
-"""Prefect's REST API for what must not import Prefect: status, list, prune, the server's probes.
+"""Prefect's REST API for what must not import Prefect (status, list, prune).
 
 Note:
 - Code that imports Prefect uses Prefect's client instead (docs/development.md, "Layers").
@@ -47,7 +47,7 @@ def api_answer(
     body: JSON = None,
     limit: int = MAX_PROBE_ANSWER_BYTES,
 ) -> Answer | None:
-    """Status and at most ``limit`` bytes of the body of one call; None if nothing answers.
+    """Return the status and at most ``limit`` bytes of a call's body, or None.
 
     Why:
     - Not httpx: its client makes a TLS context (60 ms when busy); start-up probes every 50 ms.
@@ -66,7 +66,7 @@ def api_answer(
 
 
 def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE_BYTES) -> JSON:
-    """The JSON answer of ``PREFECT_API_URL`` to a call, retried by the one policy; 204, 404: None.
+    """Return the API's JSON answer to a call, retried; None for a 204 or 404.
 
     Note:
     - A busy SQLite server answers 503: retried. A DELETE's 404 is something already gone.
@@ -107,7 +107,10 @@ def filter_rows(path: str, **filters: JSON) -> list[ApiObject]:
 
 
 def refused_login(url: str, status: int) -> ApiUnreachableError:
-    """The one line for an API that refuses this command's login (it runs: never stopped for it)."""
+    """Return the one line for an API that refuses this command's login.
+
+    Note: that server runs, and is never stopped for it.
+    """
     return ApiUnreachableError(
         f"the Prefect API {shown_url(url)} refuses this command's login (HTTP {status}): set "
         "PREFECT_API_AUTH_STRING to the user:password it was started with (its "

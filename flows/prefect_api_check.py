@@ -19,8 +19,10 @@ SHOWN_ANSWER_CHARS = 80
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for
-    credentials."""
+    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers.
+
+    Note: one that asks for credentials counts as usable.
+    """
     answer = api_answer(api_url, "/health", TIMEOUT)
     if answer is not None and answer[0] in REFUSED:
         return
@@ -56,9 +58,11 @@ def require_answer(api_url: str) -> None:
 
 
 def version_problem(answer: Answer | None) -> str | None:
-    """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it
-    first, and ends in a traceback on a foreign one, in "incompatible versions" on another major
-    version."""
+    """Say what is wrong for this client with a ``GET /admin/version`` answer.
+
+    Why: Prefect's client reads it first, and ends in a traceback on a foreign one, in
+    "incompatible versions" on another major version.
+    """
     # a server elsewhere may want credentials for it
     if answer is not None and answer[0] in REFUSED:
         return None

@@ -27,7 +27,7 @@ Recording = subprocess.Popen[str]
 
 
 def start_recording(home: Path, api_url: str, environment: Mapping[str, str]) -> Recording | None:
-    """Start recording ``api_url`` in ``home``'s ``dupflow`` profile; None if it is there.
+    """Record ``api_url`` in the home's ``dupflow`` profile; None if it is there.
 
     Why: it imports Prefect (1.5 s), which a new server's start, migrating its database, hides.
     """
@@ -47,7 +47,10 @@ def start_recording(home: Path, api_url: str, environment: Mapping[str, str]) ->
 
 
 def finish_recording(recording: Recording | None) -> None:
-    """Wait for ``start_recording``'s process; best effort: failing costs no job its run."""
+    """Wait for ``start_recording``'s process.
+
+    Note: best effort; failing costs no job its run.
+    """
     if recording is None:
         return
     try:

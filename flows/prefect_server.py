@@ -426,9 +426,12 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a
-    port is no proof). One that refuses this command's login raises ``ApiUnreachableError``: it
-    runs, and is never stopped for it."""
+    """Say whether the home's server answers: its settings name it, echo the nonce.
+
+    Why: a port is no proof.
+    Note: one that refuses this command's login raises ``ApiUnreachableError``: it runs, and is
+    never stopped for it.
+    """
     answer = api_answer(record.url, "/admin/settings", TIMEOUT)
     if answer is not None and answer[0] in REFUSED:
         raise refused_login(record.url, answer[0])
@@ -436,8 +439,10 @@ def serves_home(record: ServerRecord, home: Path) -> bool:
 
 
 def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) -> bool:
-    """Whether ``answer``, a server's ``/admin/settings`` (None: no answer), is that of ``home``'s
-    server."""
+    """Say whether ``answer`` (``/admin/settings``) is that of ``home``'s server.
+
+    Note: None is no answer.
+    """
     status, body = answer or (None, b"")
     try:
         settings = json.loads(body)

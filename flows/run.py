@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def register_continue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``continue``: resume a job, follow or resubmit an extraction in doubt, note a gate."""
+    """Add ``continue``: resume a job, settle an extraction in doubt, note a gate."""
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
     resume.add_argument("job", help="job id or job directory")
     add_flags(resume, "--jobs-dir", "--no-progress")
@@ -434,7 +434,7 @@ def setting_named_in(message: str) -> str | None:
 
 
 def end_start_up() -> None:
-    """The collector on again where ``run_as_program`` turned it off, over a frozen heap."""
+    """Turn the collector on again over a frozen heap (``run_as_program`` stopped it)."""
     if not gc.isenabled():
         gc.freeze()
         gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)

@@ -1,4 +1,4 @@
-"""The command line's ``server`` command: start, stop, status and URL of the local server."""
+"""The command line's ``server``: start, stop, status and URL of the local server."""
 
 from __future__ import annotations
 

@@ -180,7 +180,10 @@ def pseudonymize_path(
     concurrency: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify ``source`` into ``dest`` in input order, ``concurrency`` requests in flight."""
+    """De-identify ``source`` into ``dest`` in input order.
+
+    Note: ``concurrency`` requests are in flight.
+    """
     counts = FileCounts()
 
     def resources() -> Iterator[tuple[int, bytes, dict[str, Any]]]:
