@@ -6,6 +6,7 @@ Note: only a picture of the job: the job's state is its flow run's.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import get_run_logger, runtime
@@ -19,13 +20,21 @@ from prefect.settings import get_current_settings
 from config.settings import STEP_NAMES
 from flows.jobs import Job
 from tasks.core.errors import DupflowError
-from tasks.core.readable import CAUSE_CHARS, duration_text, readable_lines, size_text, truncate
+from tasks.core.readable import (
+    CAUSE_CHARS,
+    counted,
+    duration_text,
+    readable_lines,
+    size_text,
+    truncate,
+)
 from tasks.core.redaction import redact, redact_strings
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
-from tasks.job.record import RUNNING, counts_text, read_record
+from tasks.job.record import RUNNING, FileEntry, counts_text, read_record
 
 STEP_NAMES_IN_KEYS = "|".join(step.replace("_", "-") for step in STEP_NAMES)
+STEP_TABLE_ROWS = 1000
 # a step's key after job-<id>-
 STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")
 
@@ -44,13 +53,29 @@ def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
 
 
 def publish_step_table(job: Job, result: StepResult) -> None:
-    rows = [{"name": f.name, "size": f.size, "contents": counts_text([f])} for f in result.files]
+    rows = step_table_rows(result.files)
     create_table_artifact(
         key=step_artifact_key(job.job_id, result.position, result.step),
         table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
         description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in "
         f"`{result.folder}`",
     )
+
+
+def step_table_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
+    """The step table's rows: the first ``STEP_TABLE_ROWS`` files, then one for the rest.
+
+    Why: a row per file made a 10,000-file step's table 1 MB of JSON for the flow to build and
+    the server to keep.
+    """
+    shown, rest = files[:STEP_TABLE_ROWS], files[STEP_TABLE_ROWS:]
+    rows = [{"name": f.name, "size": f.size, "contents": counts_text([f])} for f in shown]
+    if rest:
+        more = f"… {counted(len(rest), 'more file')}"
+        rows.append(
+            {"name": more, "size": sum(f.size for f in rest), "contents": counts_text(rest)}
+        )
+    return rows
 
 
 class JobRecordCard:

@@ -19,6 +19,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.client.schemas.objects import State
 from prefect.states import AwaitingRetry, Completed, Suspended
+from prefect.utilities.annotations import quote
 
 from config.settings import Settings
 from flows.gates import run_gate
@@ -332,11 +333,12 @@ def run_step(step_task: Any, step: StepInput) -> StepResult:
     """Run a step's task; mark a cached result so.
 
     Note: a cached result is taken only while its files are on disk as recorded.
+    Note: ``step`` is ``quote``d: Prefect would walk (and copy) every file of its input.
     """
     run = stored_in_job(step_task, step)
-    state = run(step, return_state=True)
+    state = run(quote(step), return_state=True)
     if files_gone(state, step.job_path):
-        state = stored_in_job(step_task, step, refresh=True)(step, return_state=True)
+        state = stored_in_job(step_task, step, refresh=True)(quote(step), return_state=True)
     result: StepResult = state.result()
     return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 

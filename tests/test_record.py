@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from flows.gates import InspectionInput
-from flows.job_card import inspection_lines
+from flows.job_card import STEP_TABLE_ROWS, inspection_lines, step_table_rows
 from flows.job_state import JobLock, finished_steps
 from tests.support.results import write_step_record
 from flows.run import EXIT_OK, EXIT_USAGE, main
@@ -85,6 +85,19 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
     assert (paths.job_dir / ".lock").read_text() == "", "released by its first holder, emptied"
     with JobLock(paths):
         pass
+
+
+def test_a_step_table_lists_its_first_thousand_files_then_sums_the_rest_in_one_row():
+    files = [
+        FileEntry(name=f"batch-{n:05d}.ndjson", size=10, resources=1, bundles=1, bundled=2)
+        for n in range(STEP_TABLE_ROWS + 2500)
+    ]
+    rows = step_table_rows(files)
+    assert len(rows) == STEP_TABLE_ROWS + 1 == 1001
+    assert rows[0] == {"name": "batch-00000.ndjson", "size": 10, "contents": "1 Bundle holding 2 resources"}
+    assert rows[-2]["name"] == "batch-00999.ndjson"
+    assert rows[-1] == {"name": "… 2500 more files", "size": 25000, "contents": "2500 Bundles holding 5000 resources"}
+    assert len(step_table_rows(files[:STEP_TABLE_ROWS])) == STEP_TABLE_ROWS
 
 
 def test_counts_say_bundles_and_resources_apart():
