@@ -281,8 +281,11 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or with several ``processes`` a large one cut into spans (its
-    content counted only then); a cut file's bare Provenance routes are saved once for its spans."""
+    """Return each input file whole, or cut into spans with several ``processes``.
+
+    Note: a file's content is counted only then; a cut file's bare Provenance routes are saved
+    once for its spans.
+    """
     pieces = []
     for path in paths:
         spans = file_spans(path, processes, min_span_bytes) if processes > 1 else [WHOLE_FILE]

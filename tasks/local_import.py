@@ -63,7 +63,7 @@ def local_import(step: StepInput) -> StepResult:
 
 
 def files_to_do(source: Path, settings: Settings, jobs_dir: Path) -> list[FileToDo]:
-    """Each data file of ``source`` to import, by its target name; its path kept once, as text.
+    """Return each data file of ``source`` to import, by target name, path as text.
 
     Why: the ``Path``s and lists kept beside were 0.5 KB a file of the flow peak while batches ran.
     """

@@ -163,7 +163,10 @@ def validate_path(
     max_line_bytes: int,
     expected_resources: int | None = None,
 ) -> FileValidation:
-    """Validate ``source`` chunk by chunk, ``concurrency`` in flight, into the report ``dest``."""
+    """Validate ``source`` chunk by chunk into the report ``dest``.
+
+    Note: ``concurrency`` chunks are in flight.
+    """
     # until written
     found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))
 

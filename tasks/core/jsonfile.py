@@ -61,7 +61,7 @@ def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
 def settings_file_problem(path: Path, *, must_exist: bool = False) -> str | None:
     """Why a file a setting names cannot be read whole (a device, too big), or None.
 
-    A missing file is a problem only ``must_exist``; else it is left to whoever reads it.
+    Note: a missing file is a problem only ``must_exist``; else it is left to whoever reads it.
     """
     try:
         status = path.stat()

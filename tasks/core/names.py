@@ -86,8 +86,8 @@ def show_name(name: str) -> str:
 def show_text(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
     """``value`` (a path, an id from data) as it is if it shows as itself in ``limit``.
 
-    Else quoted with invisible characters escaped, cut as ``show_name`` does (a newline in it
-    would forge a line of the message). ``limit`` None: any length.
+    Note: else quoted with invisible characters escaped, cut as ``show_name`` does (a newline in
+    it would forge a line of the message). ``limit`` None: any length.
     """
     text = str(value)
     if text.isprintable() and (limit is None or len(text) <= limit):

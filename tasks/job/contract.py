@@ -328,7 +328,7 @@ def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ..
 
 
 def persisting_redacted(function: Callable[..., R]) -> Callable[..., R]:
-    """Wrap ``function``: its result record written before its task ends, failures redacted.
+    """Wrap ``function``: its result written before its task ends, failures redacted.
 
     Why: Prefect puts an exception's text into the failed state's message and the failure's result
     record; what it logs of them is redacted (``redact_records_sent_to_prefect``).
@@ -381,7 +381,7 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
 
 
 def forget_links(result: Any) -> None:
-    """Drop the flow run's links from the items of a list result to the task run that made it.
+    """Drop the flow run's links from a list result's items to the task that made it.
 
     Why: Prefect keeps one (about 0.2 KB) per item for the whole flow run, to find the upstream
     task of a value passed to another task; a step's files never are.

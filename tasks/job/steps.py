@@ -114,7 +114,7 @@ def write_answers(
     progress: tuple[str, int | None],
     source: str,
 ) -> FileStats:
-    """Ask for each request on ``workers`` threads; write the answers' lines in order to ``dest``.
+    """Ask each request on ``workers`` threads; write the answers in order to ``dest``.
 
     Note: at most ``window`` requests are pending; ``written`` gives an answer's line and the input
     lines it stands for (``progress``: label, expected lines).

@@ -1,5 +1,8 @@
-"""Bounded, cancellable fan-out of blocking calls on threads: ``run_bounded`` (downloads, uploads)
-and ``ordered_map`` (service requests, results in input order in bounded memory)."""
+"""Bounded, cancellable fan-out of blocking calls on threads.
+
+``run_bounded`` serves downloads and uploads; ``ordered_map`` service requests, its results in
+input order in bounded memory.
+"""
 
 from __future__ import annotations
 
@@ -148,7 +151,10 @@ def pause(seconds: float) -> None:
 
 @contextlib.contextmanager
 def stopping(stop: Callable[[], None]) -> Iterator[None]:
-    """In this block a cancel of the fan-out calls ``stop`` (ending a read blocked on a socket)."""
+    """In this block a cancel of the fan-out calls ``stop``.
+
+    Why: ``stop`` ends a read blocked on a socket.
+    """
     if (found := _cancelled.get(None)) is None:
         yield
         return
