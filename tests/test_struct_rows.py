@@ -206,6 +206,7 @@ def test_a_flat_block_s_cells_are_the_lines_way_s(cells: dict):
         GOOD + b'{"resourceType":"Patient","resourceType":"Bundle"}\n',
         GOOD + b"[1,2]\n",
         b"\xef\xbb\xbf" + GOOD,
+        GOOD + b'{"resourceType":"Patient",\n"id":"a"}\n' + GOOD,
     ],
     ids=[
         "blank line",
@@ -228,6 +229,7 @@ def test_a_flat_block_s_cells_are_the_lines_way_s(cells: dict):
         "type given twice",
         "not an object",
         "byte order mark",
+        "an object over two lines",
     ],
 )
 def test_a_block_is_left_to_the_line_by_line_read(block: bytes):
@@ -245,8 +247,9 @@ def test_a_block_is_left_to_the_line_by_line_read(block: bytes):
         b'{"resourceType":"Patient","id":"q","gender":"a,\\"b\\""}',
         b'{"resourceType":"Condition","id":"c"}',
         b'{"resourceType":"Patient","id":"bad",',
+        b'{"resourceType":"Patient","id":"bad",\n"gender":"male"}',
     ],
-    ids=["all flat", "a Bundle", "a decimal", "blank lines", "quoting", "another type", "bad JSON"],
+    ids=["all flat", "a Bundle", "a decimal", "blank lines", "quoting", "another type", "bad JSON", "split"],
 )
 def test_a_file_gives_the_line_by_line_csv_or_error(tmp_path: Path, odd: bytes | None, compressed: bool):
     """Three chunks and more of Patients with an odd line in the second chunk and one near the end: blocks before
