@@ -161,6 +161,29 @@ GOOD = b'{"resourceType":"Patient","id":"a","active":true}\n'
 
 
 @pytest.mark.parametrize(
+    "cells",
+    [
+        {"id": None, "gender": None, "active": None},
+        {"id": "null", "gender": "Patient", "birthDate": "null,"},
+        {"id": '],["Patient",', "gender": "x"},
+        {"id": "],[", "gender": "[x]"},
+        {"id": "a,b", "gender": 'say "x"'},
+        {"id": "a\rb", "gender": "\u00e9\u2028"},
+        {"id": "\x00", "active": 12345678901234567890123},
+        {"id": "", "gender": "", "birthDate": "", "active": 0},
+    ],
+    ids=["nulls", "null text", "a row's opening", "brackets", "quoting", "CR, not ASCII", "NUL, big int", "empty"],
+)
+def test_a_flat_block_s_cells_are_the_lines_way_s(cells: dict):
+    """Cells that look like the JSON the flat view's lines are made from, or need quoting, among plain lines."""
+    lines = varied_patients(30)
+    lines[12] = json_bytes({**orjson.loads(lines[12]), **cells})  # json_bytes: ints beyond 64 bits too
+    made = compile_view(FLAT).block_csv(b"\n".join(lines) + b"\n")
+    assert made is not None
+    assert made[0].decode() == csv_of(read_rows(compile_view(FLAT), "test", enumerate(lines, 1), True))
+
+
+@pytest.mark.parametrize(
     "block",
     [
         GOOD + b"\n" + GOOD,
@@ -183,6 +206,7 @@ GOOD = b'{"resourceType":"Patient","id":"a","active":true}\n'
         GOOD + b'{"resourceType":"Patient","resourceType":"Bundle"}\n',
         GOOD + b"[1,2]\n",
         b"\xef\xbb\xbf" + GOOD,
+        GOOD + b'{"resourceType":"Patient",\n"id":"a"}\n' + GOOD,
     ],
     ids=[
         "blank line",
@@ -205,6 +229,7 @@ GOOD = b'{"resourceType":"Patient","id":"a","active":true}\n'
         "type given twice",
         "not an object",
         "byte order mark",
+        "an object over two lines",
     ],
 )
 def test_a_block_is_left_to_the_line_by_line_read(block: bytes):
@@ -222,8 +247,9 @@ def test_a_block_is_left_to_the_line_by_line_read(block: bytes):
         b'{"resourceType":"Patient","id":"q","gender":"a,\\"b\\""}',
         b'{"resourceType":"Condition","id":"c"}',
         b'{"resourceType":"Patient","id":"bad",',
+        b'{"resourceType":"Patient","id":"bad",\n"gender":"male"}',
     ],
-    ids=["all flat", "a Bundle", "a decimal", "blank lines", "quoting", "another type", "bad JSON"],
+    ids=["all flat", "a Bundle", "a decimal", "blank lines", "quoting", "another type", "bad JSON", "split"],
 )
 def test_a_file_gives_the_line_by_line_csv_or_error(tmp_path: Path, odd: bytes | None, compressed: bool):
     """Three chunks and more of Patients with an odd line in the second chunk and one near the end: blocks before
@@ -236,7 +262,7 @@ def test_a_file_gives_the_line_by_line_csv_or_error(tmp_path: Path, odd: bytes |
     path.write_bytes(zstandard.ZstdCompressor().compress(data) if compressed else data)
     by_blocks, by_lines = both_ways(path)
     assert by_blocks == by_lines
-    if odd == b'{"resourceType":"Patient","id":"bad",':
+    if odd is not None and odd.startswith(b'{"resourceType":"Patient","id":"bad",'):
         assert by_blocks.startswith(f"error: {path}: line {len(lines) // 3 + 1} is not valid JSON")
     else:
         assert by_blocks.count("\n") >= len(lines) - 2

@@ -98,12 +98,8 @@ def _string_lines(batch: list[Any]) -> bytes | None:
 def _plain_lines(batch: list[Any]) -> bytes | None:
     """The batch's CSV lines made from its JSON (orjson, in C, one call), or None.
 
-    Note: only where no cell needs quoting: no JSON escape (no quote, backslash, CR, LF or
-    control character in a string), no comma but the separators, no bracket but the rows'
-    own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a
-    line, is a null: an empty cell; then the quotes go. None where a cell needs quoting, is
-    an object, array or ``Decimal`` (orjson refuses it, an int beyond 64 bits and a lone
-    surrogate), or ``_width`` is 0.
+    Note: None where ``json_lines`` refuses its JSON, orjson refuses a cell (a ``Decimal``, an
+    int beyond 64 bits, a lone surrogate) or ``_width`` is 0.
     Why no type test per cell: it cost as much as the rest."""
     if not (width := _width(batch)):
         return None
@@ -111,15 +107,29 @@ def _plain_lines(batch: list[Any]) -> bytes | None:
         text = orjson.dumps(batch)  # [[...],[...]]: one call
     except TypeError:
         return None
-    if b"\\" in text or b"{" in text or text.count(b",") != len(batch) * width - 1:
+    return json_lines(text, len(batch), width)
+
+
+def json_lines(text: bytes, rows: int, width: int, opening: bytes = b"[") -> bytes | None:
+    """CSV lines of a JSON list of ``rows`` arrays, each ``opening`` then ``width`` cells.
+
+    Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
+    CR, LF or control character in a string), a comma but the separators, a bracket but the
+    rows' own, an object. A comma is then always a separator, so an unquoted ``null`` after
+    one, or opening a line, is a null: an empty cell; then the quotes go. ``opening``'s cells
+    (``["Patient",``) are left out."""
+    commas = rows * (width + opening.count(b",")) - 1
+    if b"\\" in text or b"{" in text or text.count(b",") != commas:
         return None
-    text = text[2:-1].replace(b"],[", b"\n")  # the rows' brackets: the last row's ends the text
+    # rows after the first open with NULs (a string's is escaped), taken out with the quotes
+    between = b"]," + opening
+    text = text[len(opening) + 1 : -1].replace(between, b"\n".ljust(len(between), b"\0"))
     if b"[" in text or text.find(b"]") < len(text) - 1:  # a cell's
         return None
     if b"null" in text:
-        text = text.replace(b",null", b",").replace(b"\nnull,", b"\n,")
+        text = text.replace(b",null", b",").replace(b"\0null,", b"\0,")
         text = text[4:] if text.startswith(b"null,") else text
-    return text.translate(_LAST_LINE_FEED, b'"')
+    return text.translate(_LAST_LINE_FEED, b'"\0')
 
 
 def _width(batch: list[Any]) -> int:

@@ -12,12 +12,13 @@ from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Literal
 
+import orjson
 import re2
 
 from tasks.sof.compiled import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
 from tasks.sof.fhirpath import Operation, TypePath
-from tasks.sof.output import CsvWriter
+from tasks.sof.output import CsvWriter, json_lines
 
 CELL_VALUE = str | bool | int | None
 PIECE_BYTES = 1 << 16
@@ -56,18 +57,28 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         line_rows = attrgetter(*(names[key] for key in keys))
     elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
         return None
+    # where the structs' fields are the columns after resourceType, their JSON arrays are the lines
+    opening = b"[" + orjson.dumps(view.resource) + b","
+    width = len(keys) if keys and list(root.keys) == keys else 0
 
     def csv(block: bytes) -> list[bytes] | None:
         buffer, lines = BytesIO(), 0
         writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
         try:  # the decoding first: in a file of several types it stops at another type's first line
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
-                rows: list[Any] = list(map(line_rows, decode(piece)))
+                structs = decode(piece)
+                lines += len(structs)
+                if width and (made := _json_csv(structs, width, opening, msgspec)) is not None:
+                    writer.write_lines(made)
+                    continue
+                rows: list[Any] = list(map(line_rows, structs))
                 if not keys and None in rows:
                     return None
-                lines += len(rows)
                 writer.writerows(rows if keys else chain.from_iterable(rows))
-            if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
+            # one object a line: none split over lines, no two on one, no blank line
+            if lines != block.count(b"\n") or block[:1] <= b" " or _OPENS_BLANK.search(block):
+                return None
+            if _TWO_OBJECTS.search(block):
                 return None
             if not block.isascii():
                 block.decode()
@@ -77,6 +88,15 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         return [buffer.getvalue(), *repeat(b"", lines - 1)]
 
     return csv
+
+
+def _json_csv(structs: list[Any], width: int, opening: bytes, msgspec: Any) -> bytes | None:
+    """The CSV lines of a flat view's structs from their JSON, or None (``json_lines``)."""
+    try:
+        text = orjson.dumps(structs, default=msgspec.structs.astuple)
+        return json_lines(text, len(structs), width, opening)
+    except TypeError:  # an int beyond 64 bits, a lone surrogate
+        return None
 
 
 def _pieces(block: bytes) -> Iterable[memoryview]:
