@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from tasks.core.json_shapes import JsonObject
 from tasks.sof.errors import FhirPathError
 
 # refused when compiled: fhirpathpy's parser and evaluator recurse per level
@@ -27,7 +28,7 @@ MAX_COMPUTED_SIZE = 1 << 20
 """FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
 
 
-def r4_model() -> dict[str, Any]:
+def r4_model() -> JsonObject:
     spec = importlib.util.find_spec("fhirpathpy")
     assert spec is not None and spec.submodule_search_locations  # a dependency
     folder = Path(next(iter(spec.submodule_search_locations))) / "models" / "r4"

@@ -19,7 +19,7 @@ from typing import IO, Any, Protocol, TypedDict
 
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
@@ -27,7 +27,7 @@ from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
-from tasks.sof.shapes import JsonObject, Row
+from tasks.sof.shapes import Row
 
 ATTRIBUTE_GROUP_SYSTEM = (
     "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"

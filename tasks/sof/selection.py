@@ -10,10 +10,10 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.json_shapes import as_object
+from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.names import show_name
 from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
-from tasks.sof.shapes import JsonObject
+
 
 PATIENT = "Patient"
 # Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a
