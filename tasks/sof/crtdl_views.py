@@ -1,4 +1,4 @@
-"""One ViewDefinition per CRTDL attribute group, built from the lookup table of its profile.
+"""One ViewDefinition per CRTDL attribute group, from its profile's lookup table.
 
 Its columns, and how groups get their ids and file names: docs/development.md, "The SQL-on-FHIR
 engine".

@@ -1,6 +1,6 @@
 # mypy: disallow-untyped-calls=False
 # (this module calls into fhirpathpy, whose functions carry no annotations)
-"""FHIRPath expressions that are no member paths, evaluated by fhirpathpy with bounds.
+"""FHIRPath expressions that are no member paths, run by fhirpathpy, bounded.
 
 Imported only where a view has one; its functions and their bounds (each a ``FhirPathError``) are in
 docs/development.md, "The SQL-on-FHIR engine".

@@ -1,7 +1,8 @@
-"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``,
-``tasks.sof.fhirpath_interpreter``) share, without importing fhirpathpy: its package imports its
-parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of member paths
-never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
+"""What FHIRPath's two ways of evaluating share, without importing fhirpathpy.
+
+Why: fhirpathpy's package imports its parser and evaluator (0.1 s, most of a small ``view run``'s
+start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``,
+read from its files.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Flattening's per-file work: routing resources to attribute groups, a file's rows as CSV parts.
+"""Flattening's per-file work: resources routed to groups, rows as CSV parts.
 
 ``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``;
 cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``. See docs/development.md,
-"The SQL-on-FHIR engine"."""
+"The SQL-on-FHIR engine".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
+"""A finished group CSV as Parquet, typed from its ViewDefinition's columns.
 
 A cell its type cannot hold raises ``ViewError`` naming file, column and row, never the value (it is
 patient data). Blocks, row groups and types: docs/development.md, "The SQL-on-FHIR engine".

@@ -1,5 +1,7 @@
-"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into
-entries, and lines of types no view reads passed over unparsed."""
+"""Reading resources for the engine: NDJSON lines, Bundles opened into entries.
+
+Note: decimals are kept as written; lines of types no view reads are passed over unparsed.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance.
+"""Which resources of its type a group takes without a TORCH Provenance.
 
 ``compile_selection`` builds TORCH's search as a test (profile, token and date filters); what it
 cannot apply is listed in ``Selection.not_applied``. See docs/development.md, "The SQL-on-FHIR
-engine"."""
+engine".
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
+"""SQL-on-FHIR v2 ViewDefinitions: compiled once, then run resource by resource.
 
 ``compile_view`` refuses a bad one (``ViewDefinitionError``); ``CompiledView.rows`` gives tuples in
 ``columns`` order. How rows are made, and their bounds: docs/development.md, "The SQL-on-FHIR
-engine"."""
+engine".
+"""
 
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ class CompiledView:
     def compiled(self) -> RowsAt | None:
         """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
 
-        Why at first use: most views a job compiles are only checked."""
+        Why: built at first use, as most views a job compiles are only checked.
+        """
         return (
             None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
         )
