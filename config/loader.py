@@ -34,6 +34,7 @@ from config.keys import (
 from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
+from tasks.core.json_shapes import JsonObject
 from tasks.core.redaction import register_basic_credentials, register_secret
 from tasks.core.url_credentials import (
     CredentialsInUrlError,
@@ -53,9 +54,7 @@ class LoadedConfig:
     warnings: list[str] = field(default_factory=list)
 
 
-def _parent_of(
-    tree: dict[str, Any], path: str, create: bool = False
-) -> tuple[dict[str, Any] | None, str]:
+def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonObject | None, str]:
     """The mapping that holds the last key of ``path``, or None; and that key.
 
     Note: with ``create``, the mappings on the way are made.
@@ -69,13 +68,13 @@ def _parent_of(
     return (node if isinstance(node, dict) else None), leaf
 
 
-def _has_path(tree: dict[str, Any], path: str) -> bool:
+def _has_path(tree: JsonObject, path: str) -> bool:
     node, leaf = _parent_of(tree, path)
     return node is not None and leaf in node
 
 
 def _set_values(
-    tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sources: dict[str, str]
+    tree: JsonObject, values: Mapping[str, tuple[str, str]], sources: dict[str, str]
 ) -> None:
     for key, (value, source) in values.items():
         node, leaf = _parent_of(tree, key, create=True)
@@ -100,7 +99,7 @@ def _rank(source: str) -> int:
     return next(rank for rank, prefix in enumerate(_SOURCE_RANKS) if source.startswith(prefix))
 
 
-def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -> None:
+def _drop_overridden_shapes(tree: JsonObject, raw_sources: dict[str, str]) -> None:
     """Drop a timing key's shape that a higher source sets in the other shape.
 
     Note: ``polling_interval_seconds`` in the file, APP_SERVICES_EXTRACTOR_POLLING_INTERVAL set:
@@ -139,7 +138,7 @@ def load_settings(
     """
     env = os.environ if env is None else env
     unresolved: list[Problem] = []
-    tree: dict[str, Any] = {}
+    tree: JsonObject = {}
     if config_path is not None:
         tree = substitute_variables(read_yaml(Path(config_path)), env, unresolved)
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
@@ -171,7 +170,7 @@ def load_settings(
 
 
 def _set_overrides(
-    tree: dict[str, Any],
+    tree: JsonObject,
     raw_sources: dict[str, str],
     env: Mapping[str, str],
     overrides: Mapping[str, str],
@@ -269,7 +268,7 @@ PATH_KEYS = (
 )
 
 
-def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
+def resolve_file_paths(tree: JsonObject, config_dir: Path) -> None:
     for key in PATH_KEYS:
         node, leaf = _parent_of(tree, key)
         value = node.get(leaf) if node is not None else None

@@ -31,6 +31,7 @@ from config.fields import (
     refuse_userinfo,
     zero_means,
 )
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_name
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token: a header name
@@ -147,7 +148,7 @@ LEGACY_KEY_PATHS = {
 } | LEGACY_TIMING_KEY_PATHS
 
 
-def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
+def _migrate_flat_auth(data: JsonObject, info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
         return [
@@ -168,7 +169,7 @@ def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Probl
     return []
 
 
-def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
+def _migrate_legacy_durations(data: JsonObject, info: ValidationInfo) -> list[Problem]:
     problems: list[Problem] = []
     for old, (new, unit) in LEGACY_DURATION_KEYS.items():
         if old not in data:

@@ -20,6 +20,7 @@ from config.errors import ConfigError
 from config.fields import Problem, join_key_path
 from config.keys import secret_key_paths
 from config.yaml_bounds import YamlLoader, yaml_shape_problem
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import read_at_most
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import shown_url
@@ -74,7 +75,7 @@ def _read_text(config_path: Path) -> str:
         raise _file_problem(config_path, text) from None
 
 
-def read_yaml(config_path: Path) -> dict[str, Any]:
+def read_yaml(config_path: Path) -> JsonObject:
     """The file's YAML tree, ``${VAR}`` not yet expanded: parsed once per file version.
 
     Why: the command, the job's preparation and its steps share one read (per path,
@@ -84,7 +85,7 @@ def read_yaml(config_path: Path) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=8)
-def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
+def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> JsonObject:
     if (data := parse_yaml_file(config_path)) is None:
         return {}
     if not isinstance(data, dict):

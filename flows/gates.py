@@ -6,7 +6,7 @@ See docs/development.md#gates.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 from prefect import runtime
 from prefect.flow_runs import suspend_flow_run
@@ -21,6 +21,7 @@ from flows.job_card import JobRecordCard
 from flows import job_state
 from flows.jobs import Job
 from tasks.core.errors import JobError
+from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import StepInput, StepResult, stored_in_job
 from tasks.job.record import SUSPENDED, PlainText
 from tasks.wait import gate_result_path, wait
@@ -29,7 +30,7 @@ from tasks.wait import gate_result_path, wait
 COMMAND_LINE_DEPLOYMENT = "command-line"
 
 
-def editable_toggle(schema: dict[str, Any]) -> None:
+def editable_toggle(schema: JsonObject) -> None:
     """Write ``{"enum": [true]}`` for pydantic's ``{"const": true}``.
 
     Why: the server refuses other values the same way, and Prefect's UI leaves the toggle editable

@@ -19,11 +19,12 @@ from config.runtime import listed_jobs_dir, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import JobLock, JobLockedError, current_states
-from flows.prefect_api import ApiObject, api_json, filter_rows
+from flows.prefect_api import api_json, filter_rows
 from flows.terminal import print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.core.errors import UsageError
+from tasks.core.json_shapes import JsonObject
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
@@ -257,7 +258,7 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(paths: JobPaths) -> tuple[list[ApiObject], list[str], list[str]]:
+def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str], list[str]]:
     """Return the directory's runs on the server, their ids and their artifacts' ids.
 
     Note: a run is the directory's by its tags ``job-<id>`` and ``dir-…``; a run from before
@@ -283,7 +284,7 @@ def server_records(paths: JobPaths) -> tuple[list[ApiObject], list[str], list[st
     return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
-def live_run(runs: list[ApiObject], states: tuple[str, ...]) -> str | None:
+def live_run(runs: list[JsonObject], states: tuple[str, ...]) -> str | None:
     """Why the job's server records stay: a run running or paused in a state not named.
 
     Note: None where none stays.

@@ -20,6 +20,7 @@ from prefect.settings import get_current_settings
 from config.settings import STEP_NAMES
 from flows.jobs import Job
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import (
     CAUSE_CHARS,
     counted,
@@ -39,7 +40,7 @@ STEP_TABLE_ROWS = 1000
 STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")
 
 
-def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
+def job_summary(job: Job, results: list[StepResult]) -> JsonObject:
     finished = [r for r in results if not r.awaiting]
     return {
         "job_id": job.job_id,
@@ -62,7 +63,7 @@ def publish_step_table(job: Job, result: StepResult) -> None:
     )
 
 
-def step_table_rows(files: Sequence[FileEntry]) -> list[dict[str, Any]]:
+def step_table_rows(files: Sequence[FileEntry]) -> list[JsonObject]:
     """Return the table's rows: the first ``STEP_TABLE_ROWS`` files, then one more.
 
     Why: a row per file made a 10,000-file step's table 1 MB of JSON for the flow to build and

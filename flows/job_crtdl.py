@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from config.settings import Settings
 from tasks.core.errors import JobError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.core.names import show_text
 from tasks.job.layout import is_crtdl_file
@@ -86,7 +86,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
     return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
 
 
-def read_crtdl(source: Path) -> tuple[dict[str, Any], bytes]:
+def read_crtdl(source: Path) -> tuple[JsonObject, bytes]:
     if not source.is_file():
         problem = (
             "is a directory"
@@ -109,7 +109,7 @@ def read_crtdl(source: Path) -> tuple[dict[str, Any], bytes]:
     return parsed, data
 
 
-def refuse_unusable_group_names(source: Path, crtdl: dict[str, Any]) -> None:
+def refuse_unusable_group_names(source: Path, crtdl: JsonObject) -> None:
     """Refuse group names that cannot be, or would collide as, file names and S3 keys.
 
     Note: a group name becomes a CSV, a ViewDefinition file name and an S3 key; refused before the

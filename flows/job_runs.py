@@ -29,6 +29,7 @@ from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.job_stop import CANCELLED_ON_SERVER
 from flows.pipeline import pipeline
+from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 
@@ -51,7 +52,7 @@ class JobRun:
     said: str
 
 
-def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: str = "") -> JobRun:
+def new_job_run(job_id: str, paths: JobPaths, parameters: JsonObject, said: str = "") -> JobRun:
     with get_client(sync_client=True) as client:
         deployment_id = client.create_deployment(  # an upsert: the same deployment every time
             flow_id=client.create_flow(pipeline),
@@ -67,7 +68,7 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
     return JobRun(run, said)
 
 
-def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) -> JobRun:
+def continued_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> JobRun:
     """Make the job's run ready to go on in this process.
 
     Note: a new run when this server has none of the job's.
@@ -116,7 +117,7 @@ def end_attempt(client: SyncPrefectClient, run_id: UUID, before: datetime) -> No
             client.set_task_run_state(task_run.id, ended, force=True)
 
 
-def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
+def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: JsonObject) -> str:
     """Set the run's parameters to the job's own (``job.json``); say what differed.
 
     Why: the server's copy may have been changed by anyone with access; the job's inputs are the
@@ -134,7 +135,7 @@ def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[s
     return f"its flow run's parameters on the server differed from its job.json in {shown}: reset; "
 
 
-def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
+def flat_inputs(parameters: JsonObject) -> JsonObject:
     """A run's job inputs by name, each override as ``overrides.KEY``.
 
     Note: a continue's own inputs are left out.
@@ -146,7 +147,7 @@ def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
     return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
-def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
+def execute(run: FlowRun, parameters: JsonObject) -> Any:
     """Run the flow run here with the job's ``parameters``, never the server's copy.
 
     Note: as ``prefect flow-run execute``; gives its final state, Suspended at a gate, or None if

@@ -17,10 +17,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from config.runtime import CLI, job_on_command_line, prefect_api_url
-from flows.prefect_api import ApiObject, api_json, filter_rows
+from flows.prefect_api import api_json, filter_rows
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
-from tasks.core.json_shapes import JSON, as_object
+from tasks.core.json_shapes import JSON, as_object, JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import (
     DIRECTORY_TAG_PREFIX,
@@ -140,13 +140,13 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
     return f"{waits}; to go on: {resume_hint(job_dir)}"
 
 
-def latest_runs(directories: dict[str, str]) -> dict[str, ApiObject]:
+def latest_runs(directories: dict[str, str]) -> dict[str, JsonObject]:
     """The newest flow run per job (job id → its directory's tag).
 
     Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
     request failed) are left out.
     """
-    job_ids, newest = list(directories), dict[str, ApiObject]()
+    job_ids, newest = list(directories), dict[str, JsonObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
         named: JSON = {"tags": {"any_": [job_tag(job_id) for job_id in page]}}
@@ -161,7 +161,7 @@ def latest_runs(directories: dict[str, str]) -> dict[str, ApiObject]:
     return newest
 
 
-def run_state(run: ApiObject | None) -> str | None:
+def run_state(run: JsonObject | None) -> str | None:
     """A run's state name, made plain (any API client may name one); None for no run."""
     name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
     return plain_text(str(name)) if name else None
@@ -200,13 +200,13 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
     return [*sorted(readable, key=lambda job: job[1].created_at, reverse=True), *unreadable]
 
 
-def newest_run(paths: JobPaths) -> ApiObject | None:
+def newest_run(paths: JobPaths) -> JsonObject | None:
     """The job directory's newest flow run, found by its name; None if none is known."""
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
 def finished_steps(
-    paths: JobPaths, steps: list[str], run: ApiObject
+    paths: JobPaths, steps: list[str], run: JsonObject
 ) -> dict[int, StepRecord | str]:
     """The steps the run's latest attempt finished, by position.
 
@@ -236,7 +236,7 @@ def finished_steps(
 
 
 def step_record(
-    paths: JobPaths, step: str, position: int, state: ApiObject
+    paths: JobPaths, step: str, position: int, state: JsonObject
 ) -> StepRecord | str | None:
     """The record the state names, looked up by name in the job folder (it may move).
 
@@ -264,7 +264,7 @@ def step_record(
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 
-def newest_rows(path: str, **filters: JSON) -> list[ApiObject]:
+def newest_rows(path: str, **filters: JSON) -> list[JsonObject]:
     """Return every row of a ``…/filter`` endpoint, newest first; none if unread.
 
     Note:

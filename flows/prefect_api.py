@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from contextlib import closing
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
-from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -20,7 +19,7 @@ from tasks.clients.bounds import answer_too_large
 from tasks.clients.errors import Call, ServiceError, is_transient_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import DupflowError
-from tasks.core.json_shapes import JSON, as_array, as_objects
+from tasks.core.json_shapes import JSON, as_array, as_objects, JsonObject
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
@@ -31,7 +30,6 @@ MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE rows is far less
 REFUSED = (401, 403)
 Answer = tuple[int, bytes]
-ApiObject = dict[str, Any]  # a JSON object the API answered: a flow run, a state, an artifact
 
 
 class ApiUnreachableError(DupflowError):
@@ -95,9 +93,9 @@ def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE
     return call_with_retry(attempt, RetrySettings(), **where)
 
 
-def filter_rows(path: str, **filters: JSON) -> list[ApiObject]:
+def filter_rows(path: str, **filters: JSON) -> list[JsonObject]:
     """Every row of a ``…/filter`` endpoint (``filters``: its body), a page at a time."""
-    rows, offset = list[ApiObject](), 0
+    rows, offset = list[JsonObject](), 0
     while True:
         page = as_array(api_json("POST", path, {**filters, "limit": PAGE, "offset": offset}))
         rows += as_objects(page)

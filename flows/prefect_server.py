@@ -33,6 +33,7 @@ from flows.server_process import (
 )
 from flows.terminal import print_stderr
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
@@ -176,7 +177,7 @@ def stop_server(home: Path | None = None) -> bool:
         return running
 
 
-def server_status(home: Path | None = None) -> dict[str, Any] | None:
+def server_status(home: Path | None = None) -> JsonObject | None:
     """The recorded server (without its nonce) with its UI URL and health, or None."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None

@@ -60,6 +60,7 @@ from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
 from flows.terminal import print_stderr
 from tasks.core.errors import UsageError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -319,7 +320,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
         return run_job(paths, args.no_progress, continuing)
 
 
-def job_parameters(job: JobRecord, paths: JobPaths) -> dict[str, Any]:
+def job_parameters(job: JobRecord, paths: JobPaths) -> JsonObject:
     """The job's flow run parameters, from its ``job.json`` alone.
 
     Note: its jobs_dir is where this command found it.
@@ -330,7 +331,7 @@ def job_parameters(job: JobRecord, paths: JobPaths) -> dict[str, Any]:
     )
 
 
-def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
+def run_job(paths: JobPaths, no_progress: bool, continuing: JsonObject | None) -> int:
     """Run the job's flow run here; say its outcome in one line.
 
     Note: ``continuing`` holds a ``continue``'s parameters.
@@ -351,7 +352,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     return report_outcome(paths, state)
 
 
-def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None) -> Any:
+def run_flow(job: JobRecord, paths: JobPaths, continuing: JsonObject | None) -> Any:
     """The job's flow run made or found, then run here.
 
     Note: every Prefect call of this process goes through one client (a new one costs a TLS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
@@ -23,7 +23,8 @@ from flows.job_state import (
     step_at_work,
     suspended_message,
 )
-from flows.prefect_api import ApiObject
+from tasks.core.json_shapes import JsonObject
+
 from tasks.core.names import show_text
 from tasks.core.readable import (
     CAUSE_CHARS,
@@ -53,7 +54,7 @@ from tasks.job.record import (
 EXIT_OK = 0
 
 
-def state_message(paths: JobPaths, run: ApiObject | None, state: str) -> str:
+def state_message(paths: JobPaths, run: JsonObject | None, state: str) -> str:
     """Say what the job's state means and what to do.
 
     Note: the server's message, or this tool's where the server says nothing (a gate, a Resume in
@@ -101,7 +102,7 @@ class JobStatus(NamedTuple):
 
     paths: JobPaths
     job: JobRecord
-    run: ApiObject | None
+    run: JsonObject | None
     state: str
     message: str
     steps: list[StepState]
@@ -185,7 +186,7 @@ def print_step_status(
         print(f"       {show_text(f.name, None)}  {size_text(f.size)}  {counts_text([f])}")
 
 
-def status_document(status: JobStatus) -> dict[str, Any]:
+def status_document(status: JobStatus) -> JsonObject:
     """``status --json``: the facts the text shows, as data, secrets redacted.
 
     Note: its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
@@ -205,7 +206,7 @@ def status_document(status: JobStatus) -> dict[str, Any]:
     }
 
 
-def step_document(step: StepState) -> dict[str, Any]:
+def step_document(step: StepState) -> JsonObject:
     """A step in ``status --json``, numbered from 1 as the text shows it."""
     position, name, found, at_work = step
     result, problem = (None, plain_text(found)) if isinstance(found, str) else (found, None)
@@ -253,7 +254,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def listed_job(paths: JobPaths, job: JobRecord | RecordError, state: str | None) -> dict[str, Any]:
+def listed_job(paths: JobPaths, job: JobRecord | RecordError, state: str | None) -> JsonObject:
     """A job in ``list --json``; one with a bad record is ``unreadable``, with why."""
     readable = job if isinstance(job, JobRecord) else None
     return {

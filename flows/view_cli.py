@@ -18,7 +18,7 @@ from typing import IO, Any
 from config.runtime import CLI
 from flows.terminal import print_stderr
 from tasks.core.errors import DupflowError
-from tasks.core.json_shapes import as_object
+from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
@@ -134,7 +134,7 @@ def write_csv(view: CompiledView, resources: Path, out: IO[str]) -> None:
             gc.enable()
 
 
-def print_parquet(view: CompiledView, definition: dict[str, Any], resources: Path) -> None:
+def print_parquet(view: CompiledView, definition: JsonObject, resources: Path) -> None:
     # pyarrow costs every other command 0.1-0.3 s and 33 MB
     from tasks.sof.parquet import write_parquet
 

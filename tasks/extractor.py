@@ -10,7 +10,6 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from prefect import get_run_logger
@@ -29,6 +28,7 @@ from tasks.clients.extraction_jobs import (
 from tasks.clients.extraction_server import SUBMIT_PATH, ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
@@ -205,7 +205,7 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
     )
 
 
-def submission_in_doubt_message(step: StepInput, in_flight: dict[str, Any]) -> str:
+def submission_in_doubt_message(step: StepInput, in_flight: JsonObject) -> str:
     job, config = (
         job_on_command_line(step.job_path),
         shlex.quote(step.config_path) if step.config_path else "CONFIG",

@@ -18,6 +18,7 @@ import orjson
 from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import FileToDo, run_batches
 from tasks.job.flattening_outcome import (
@@ -425,7 +426,7 @@ class RemoteGroup(GroupCsv):
         self.pending: list[bytes] = []
         self.pending_bytes = 0
 
-    def add(self, resource: dict[str, Any]) -> None:
+    def add(self, resource: JsonObject) -> None:
         encoded = json_bytes(resource)
         if self.pending and self.pending_bytes + len(encoded) > self.budget:
             self.close()
@@ -490,7 +491,7 @@ def flatten_with_service(
     return outcome
 
 
-def shaped_settings(settings: Settings) -> dict[str, Any]:
+def shaped_settings(settings: Settings) -> JsonObject:
     """Return what the step's files depend on besides input and CRTDL.
 
     Note: the lookup file (an edit of it too) and the formats.

@@ -14,6 +14,7 @@ from typing import Any
 from config.settings import Settings
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import name_key, show_text
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.job.filework import FileToDo, map_batches
@@ -275,7 +276,7 @@ def file_identity(path: Path) -> list[Any]:
     return [str(path), found.st_size, found.st_mtime_ns]
 
 
-def shaped_settings(settings: Settings) -> dict[str, Any]:
+def shaped_settings(settings: Settings) -> JsonObject:
     """Return what the step's files depend on besides its input.
 
     Note: the folder, whether it is read recursively, compression.

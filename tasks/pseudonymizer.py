@@ -24,6 +24,7 @@ from tasks.clients.pseudonymizer import (
     resource_label,
 )
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import JsonFileError
 from tasks.core.kept import KeptByDigest
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
@@ -186,7 +187,7 @@ def pseudonymize_path(
     """
     counts = FileCounts()
 
-    def resources() -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    def resources() -> Iterator[tuple[int, bytes, JsonObject]]:
         for line_number, line in iter_lines(source, max_line_bytes):
             yield line_number, line, parse_resource(source, line_number, line)
             counts.resources_in += 1
@@ -217,7 +218,7 @@ def pseudonymize_path(
 
 
 def _pseudonymize_line(
-    service: Pseudonymizer, source: Path, item: tuple[int, bytes, dict[str, Any]]
+    service: Pseudonymizer, source: Path, item: tuple[int, bytes, JsonObject]
 ) -> Pseudonymized:
     """De-identify one line; a failure names the file, line and resource."""
     line_number, line, resource = item
@@ -264,7 +265,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
     return config
 
 
-def shaped_settings(settings: Settings) -> dict[str, Any]:
+def shaped_settings(settings: Settings) -> JsonObject:
     """Return what the step's files depend on besides its input.
 
     Note: the anonymization config (an edit of it too) and compression.

@@ -21,6 +21,7 @@ from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionReje
 from tasks.clients.transaction_bundles import Batch, iter_batches
 from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_text
 from tasks.job.contract import (
     DataFile,
@@ -74,7 +75,7 @@ def send(step: StepInput) -> StepResult:
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
 
 
-def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
+def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[JsonObject]:
     """Send ``files`` in batches of ``batch_task``.
 
     Note: every finished batch is kept; the first failure is raised.
@@ -89,7 +90,7 @@ def fhir_server(step: StepInput) -> FhirServer:
     return FhirServer.connect(settings.services.send, settings.tls, settings.retry)
 
 
-def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
+def send_file_direct(step: StepInput, name: str, size: int) -> JsonObject:
     settings = settings_of(step)
     with fhir_server(step) as server:
         report = send_resources(
@@ -127,7 +128,7 @@ def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
         )
 
 
-def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
+def send_file_s3(step: StepInput, name: str, size: int) -> JsonObject:
     from tasks.clients.s3 import S3Uploader
 
     settings = settings_of(step)
@@ -173,7 +174,7 @@ class BatchProgress:
     last confirmed batch ended; the batch size an earlier version recorded is passed over.
     """
 
-    def __init__(self, path: Path, identity: dict[str, Any]):
+    def __init__(self, path: Path, identity: JsonObject):
         self.path, self.identity = path, identity
         self.state = {
             "batches": 0,
@@ -258,7 +259,7 @@ def send_resources(
     return report
 
 
-def input_identity(source: Path, to: str) -> dict[str, Any]:
+def input_identity(source: Path, to: str) -> JsonObject:
     """Name what a progress record is of: the file as it is now and its destination.
 
     Why: a file sent to one server is not taken as sent to another (``shaped_settings``); a file
@@ -331,7 +332,7 @@ def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, ans
     return f". The request and the answer are in {stem}.request.json and {stem.name}.response.txt"
 
 
-def shaped_settings(settings: Settings) -> dict[str, Any]:
+def shaped_settings(settings: Settings) -> JsonObject:
     """Return where the step delivers: mode and destination, never credentials.
 
     Why: a changed destination is sent to anew.

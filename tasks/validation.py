@@ -9,7 +9,6 @@ import logging
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import orjson
 from prefect.exceptions import MissingContextError
@@ -31,6 +30,7 @@ from tasks.clients.validator import (
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.job.steps import one_batch_at_a_time, ndjson_written, publish_report, write_answers
 from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
 
@@ -66,7 +66,7 @@ class FileValidation(BaseModel):
     information: int = 0
     first_errors: list[str] = Field(default_factory=list)
 
-    def add(self, chunk: Chunk, outcome: dict[str, Any]) -> None:
+    def add(self, chunk: Chunk, outcome: JsonObject) -> None:
         findings = read_findings(outcome, chunk.labels, FIRST_ERRORS - len(self.first_errors))
         self.resources += len(chunk.labels)
         self.chunks += 1
@@ -170,13 +170,13 @@ def validate_path(
     # until written
     found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))
 
-    def validate(chunk: Chunk) -> dict[str, Any]:
+    def validate(chunk: Chunk) -> JsonObject:
         try:
             return validator.validate(chunk, source.name)
         except (ServiceError, ValidationServiceError) as exc:
             raise StepError(chunk_failure(source, chunk, exc)) from exc
 
-    def written(chunk: Chunk, outcome: dict[str, Any]) -> tuple[bytes, int]:
+    def written(chunk: Chunk, outcome: JsonObject) -> tuple[bytes, int]:
         found.add(chunk, outcome)
         return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
 

@@ -6,7 +6,6 @@ Note: the person may correct the data there first. See docs/development.md#steps
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -18,6 +17,7 @@ from tasks.job.layout import JobPaths, artifact_key, result_name
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.line_check import LineCounts, count_contents
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.readable import SHOW_WHOLE, counted
 from tasks.sof.output import csv_data_rows
@@ -36,7 +36,7 @@ def gate_result_path(step: StepInput, outcome: str) -> Path:
     )
 
 
-def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+def gate_result_key(context: TaskRunContext, parameters: JsonObject) -> str:
     return str(
         gate_result_path(
             parameters["step"], "paused" if parameters.get("note") is None else "released"

@@ -11,7 +11,7 @@ import argparse
 import sys
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import httpx
@@ -21,6 +21,7 @@ from config.runtime import apply_process_defaults
 from config.yaml_file import parse_yaml_file
 from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import JsonObject
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
@@ -77,7 +78,7 @@ def replace_automation(client: SyncPrefectClient, core: AutomationCore) -> UUID:
     return created
 
 
-def read_automations(path: Path) -> list[dict[str, Any]]:
+def read_automations(path: Path) -> list[JsonObject]:
     """The automations of a file: a list under ``automations:``, a list, or one."""
     document = parse_yaml_file(path)
     automations = (
@@ -90,7 +91,7 @@ def read_automations(path: Path) -> list[dict[str, Any]]:
     return automations
 
 
-def with_block_ids(client: SyncPrefectClient, automation: dict[str, Any]) -> dict[str, Any]:
+def with_block_ids(client: SyncPrefectClient, automation: JsonObject) -> JsonObject:
     """``automation`` with each notification action's block name replaced by its id."""
     for action in automation.get("actions", []):
         if action.get("type") == "send-notification" and "block_document_id" in action:

@@ -28,6 +28,7 @@ from tasks.clients.errors import (
     json_or_none,
     naming_setting,
 )
+from tasks.core.json_shapes import JsonObject
 
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text, truncate
@@ -192,7 +193,7 @@ class TokenSource:
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
-    def _cached(self, token: dict[str, Any]) -> tuple[str, float | None]:
+    def _cached(self, token: JsonObject) -> tuple[str, float | None]:
         """Return the access token and when it is renewed.
 
         Note: a quarter of its lifetime early, at most 30 s; one without ``expires_in`` is used

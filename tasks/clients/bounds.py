@@ -18,6 +18,7 @@ from typing import Any, NotRequired, Unpack
 import httpx
 
 from tasks.clients.errors import Call, ServiceError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
@@ -53,7 +54,7 @@ class Deadline:
     def passed(self) -> bool:
         return time.monotonic() >= self._end
 
-    def watch(self) -> dict[str, Any]:
+    def watch(self) -> JsonObject:
         """Return the extensions of a sync request on its own connection.
 
         Why: at the deadline its socket is shut down, which ends a read blocked on a server that
@@ -69,7 +70,7 @@ class Deadline:
         if self._watched is not None:
             _WATCHDOG.forget(self._watched)
 
-    def _note_connection(self, event: str, info: dict[str, Any]) -> None:
+    def _note_connection(self, event: str, info: JsonObject) -> None:
         if event in (
             "connection.connect_tcp.complete",
             "connection.start_tls.complete",

@@ -31,7 +31,7 @@ from typing import Any, TypedDict, Unpack
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
@@ -281,7 +281,7 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
 
 def json_object(
     response: httpx.Response, *, operation: str, service: str | None, hint: str
-) -> dict[str, Any]:
+) -> JsonObject:
     """Parse a read answer's JSON object, else raise a terminal ``ServiceError``.
 
     Note: orjson bounds the nesting; the error never holds the body.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
-from tasks.core.json_shapes import as_array, as_object, as_objects
+from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
 from tasks.core.url_credentials import shown_url
@@ -100,7 +100,7 @@ class StatusUrlMismatchError(ExtractionError):
         )
 
 
-def job_status_of(task: dict[str, Any]) -> str:
+def job_status_of(task: JsonObject) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
     codings = as_objects(as_object(task.get("businessStatus")).get("coding"))
     code = next((c["code"] for c in codings if isinstance(c.get("code"), str)), None)
@@ -146,7 +146,7 @@ def base_url_of(settings: ExtractorSettings) -> str:
     return settings.base_url.rstrip("/")
 
 
-def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
+def parse_crtdl(data: bytes, source: str | Path) -> JsonObject:
     """Parse the CRTDL as a JSON object, else raise ``InvalidCrtdlError``.
 
     Note: the error names ``source``.
@@ -164,7 +164,7 @@ def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
     return crtdl
 
 
-def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
+def kickoff_parameters(crtdl: bytes) -> JsonObject:
     data = base64.b64encode(crtdl).decode("ascii")
     return {
         "resourceType": "Parameters",
@@ -172,14 +172,14 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
     }
 
 
-def progress_values(task: Any) -> dict[str, Any]:
+def progress_values(task: Any) -> JsonObject:
     """Return the values of the Task's progress extension ({} without one).
 
     Note: ``activeBatch`` as (id, stage) pairs.
     """
     for extension in as_objects(as_object(task).get("extension")):
         if str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
-            values: dict[str, Any] = {"activeBatch": ()}
+            values: JsonObject = {"activeBatch": ()}
             for sub in as_objects(extension.get("extension")):
                 if sub.get("url") == "activeBatch":
                     parts = {
@@ -193,7 +193,7 @@ def progress_values(task: Any) -> dict[str, Any]:
     return {}
 
 
-def _as_manifest(document: Any) -> dict[str, Any]:
+def _as_manifest(document: Any) -> JsonObject:
     """Return a completed job's manifest ({} for what is no object).
 
     Note: the ``Parameters`` the spec also allows are read into its shape: ``request``,
@@ -201,7 +201,7 @@ def _as_manifest(document: Any) -> dict[str, Any]:
     """
     if as_object(document).get("resourceType") != "Parameters":
         return as_object(document)
-    manifest: dict[str, Any] = {"output": [], "error": []}
+    manifest: JsonObject = {"output": [], "error": []}
     for parameter in as_objects(document.get("parameter")):
         name = parameter.get("name")
         parts = {str(p.get("name")): _value(p) for p in as_objects(parameter.get("part"))}
@@ -272,12 +272,12 @@ def _error_entry_text(entry: Any) -> str:
     return str(entry)
 
 
-def _issue_text(issue: dict[str, Any]) -> str:
+def _issue_text(issue: JsonObject) -> str:
     parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
     return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
 
 
-def _value(element: dict[str, Any]) -> str | None:
+def _value(element: JsonObject) -> str | None:
     keys = ("valueUri", "valueUrl", "valueString", "valueCode")
     return next((element[key] for key in keys if isinstance(element.get(key), str)), None)
 

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tasks.core.json_shapes import as_object, as_objects
+from tasks.core.json_shapes import as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import (
@@ -136,7 +136,7 @@ class ExtractionJob:
     consent_audit_files: tuple[str, ...] = ()
 
     @classmethod
-    def from_task(cls, task: dict[str, Any]) -> ExtractionJob:
+    def from_task(cls, task: JsonObject) -> ExtractionJob:
         meta = as_object(task.get("meta"))
         progress = progress_values(task)
         return cls(
@@ -154,7 +154,7 @@ class ExtractionJob:
             consent_audit_files=_consent_audit_files(task),
         )
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> JsonObject:
         data = dataclasses.asdict(self)
         data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
         data["consent_audit_files"] = list(self.consent_audit_files)
@@ -176,7 +176,7 @@ class CohortPreview:
         return len(self.patient_ids)
 
 
-def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
+def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
     outputs = [o for o in as_objects(task.get("output")) if isinstance(o.get("valueUrl"), str)]
     urls = tuple(
         o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT
@@ -188,7 +188,7 @@ def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
     return urls
 
 
-def document_of(response: httpx.Response, operation: str) -> dict[str, Any]:
+def document_of(response: httpx.Response, operation: str) -> JsonObject:
     """Return the JSON object the server answered, else a terminal ``ServiceError``.
 
     Note: the error never holds the body.
@@ -257,7 +257,7 @@ class ExtractionTaskClient(ServiceClient):
         ]
         return [ExtractionJob.from_task(task) for task in tasks]
 
-    def read_task(self, job_id: str) -> dict[str, Any]:
+    def read_task(self, job_id: str) -> JsonObject:
         operation = "read extraction job"
         return document_of(self._job_request("GET", job_id, "", operation=operation), operation)
 
@@ -318,7 +318,7 @@ class ExtractionTaskClient(ServiceClient):
         )
 
     def _put_priority(
-        self, job_id: str, task: dict[str, Any], priority: str, version: str | None
+        self, job_id: str, task: JsonObject, priority: str, version: str | None
     ) -> httpx.Response:
         """PUT the full Task the server needs, with ``If-Match``.
 

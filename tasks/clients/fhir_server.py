@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
@@ -131,7 +131,7 @@ class FhirServer(Closing):
         )
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
-    def transaction(self, body: bytes, entries: int) -> dict[str, Any]:
+    def transaction(self, body: bytes, entries: int) -> JsonObject:
         """POST a transaction Bundle; return the ``transaction-response``.
 
         Note: raises ``TransactionRejected`` unless every entry succeeded (``ServiceError`` when the
@@ -160,7 +160,7 @@ class FhirServer(Closing):
             "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_answer=False, hints=PUT_HINTS
         )
 
-    def get(self, path: str, **params: str) -> dict[str, Any]:
+    def get(self, path: str, **params: str) -> JsonObject:
         """GET a resource or a search under ``{url}/fhir`` (to read back what was sent)."""
         return as_object(
             orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
@@ -244,7 +244,7 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     )
 
 
-def checked_transaction_response(answer: Answer, sent: int) -> dict[str, Any]:
+def checked_transaction_response(answer: Answer, sent: int) -> JsonObject:
     """Parse the ``transaction-response``; a failed or missing entry is rejected.
 
     Note: raises ``TransactionRejected``.

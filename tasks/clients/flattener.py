@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_objects
+from tasks.core.json_shapes import as_objects, JsonObject
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
@@ -71,7 +71,7 @@ class Flattener:
                 "services.flattening.service_url)"
             )
 
-    def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
+    def run(self, view: bytes, resources: list[bytes]) -> Iterator[JsonObject]:
         """Yield the rows of ``view`` over ``resources`` (compact JSON each) as they come."""
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
@@ -137,7 +137,7 @@ def answer_lines(
         yield bytes(line)
 
 
-def parse_row(line: bytes, number: int) -> dict[str, Any]:
+def parse_row(line: bytes, number: int) -> JsonObject:
     """Parse one row of the answer, numbers exact.
 
     Why: orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV could hold it),

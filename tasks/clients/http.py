@@ -23,6 +23,7 @@ from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, 
 from tasks.clients.bounds import MB, Deadline, answer_within, answered, read_answer
 from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
+from tasks.core.json_shapes import JsonObject
 from tasks.core.url_credentials import shown_url
 from tasks.streams.fanout import pause, stopping
 
@@ -259,7 +260,7 @@ class ServiceClient(Closing):
         method: str,
         url: str,
         where: Call,
-        request: dict[str, Any],
+        request: JsonObject,
     ) -> Iterator[httpx.Response]:
         """The streamed answer; within ``deadline``, a cancelled fan-out ends it at once."""
         if deadline is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
@@ -151,7 +151,7 @@ class Pseudonymizer:
         self._body = RequestBody(config)
         self.split_threshold_bytes = split_threshold_mb * MB
 
-    def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
+    def pseudonymize(self, resource_json: bytes, resource: JsonObject) -> Pseudonymized:
         """De-identify one resource given as its JSON bytes and parsed form.
 
         Note: a large Bundle is split, and put back together from the answers.
@@ -169,15 +169,13 @@ class Pseudonymizer:
             dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True
         )
 
-    def _deidentify(
-        self, resource_json: bytes, resource: dict[str, Any]
-    ) -> tuple[bytes, dict[str, Any]]:
+    def _deidentify(self, resource_json: bytes, resource: JsonObject) -> tuple[bytes, JsonObject]:
         operation = f"de-identify {show_text(resource.get('resourceType'))}"
         response = self._send(operation=operation, body=self._body(resource_json))
         return checked_answer(response.content, resource)
 
 
-def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+def checked_answer(content: bytes, sent: JsonObject) -> tuple[bytes, JsonObject]:
     """Return the answer as one NDJSON line and parsed, checked.
 
     Note: it must be a resource of the sent type with all its entries.
@@ -207,13 +205,13 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
     return as_ndjson_line(content), answer
 
 
-def _entry_count(bundle: dict[str, Any]) -> int | None:
+def _entry_count(bundle: JsonObject) -> int | None:
     """Count the Bundle's entries (None: its ``entry`` is no array, sent as it is)."""
     entries = bundle.get("entry")
     return None if entries is not None and not isinstance(entries, list) else len(entries or [])
 
 
-def _entries_said(bundle: dict[str, Any], short: bool = False) -> str:
+def _entries_said(bundle: JsonObject, short: bool = False) -> str:
     if (count := _entry_count(bundle)) is None:
         return "a Bundle whose entry is not an array"
     return str(count) if short else f"{count} Bundle entries"
@@ -237,7 +235,7 @@ def compact_size(resource: Any) -> int:
         ) from None
 
 
-def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
+def needs_split(resource: JsonObject, threshold_bytes: int) -> bool:
     # another value than a list is sent as it is: the service says what is wrong
     entries = resource.get("entry")
     is_bundle = (
@@ -246,7 +244,7 @@ def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
     return is_bundle and compact_size(resource) > threshold_bytes
 
 
-def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:
+def split_bundle(bundle: JsonObject, threshold_bytes: int) -> list[JsonObject]:
     """Cut ``entry[]`` into greedy, order-preserving chunk Bundles.
 
     Note: each Bundle holds at most ``threshold_bytes`` of compact JSON, with the Bundle-level
@@ -276,14 +274,14 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     ]
 
 
-def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
+def without_entries(bundle: JsonObject) -> JsonObject:
     """The Bundle's own fields, id and ``meta`` included, without its entries."""
     return {name: value for name, value in bundle.items() if name != "entry"}
 
 
 def reassemble_bundle(
-    original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]
-) -> dict[str, Any]:
+    original: JsonObject, fields: JsonObject, chunks: list[JsonObject]
+) -> JsonObject:
     """Put one Bundle together from de-identified chunks.
 
     Note: every entry in order, the original ``type`` and ``timestamp``.

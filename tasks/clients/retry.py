@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import httpx
 from tenacity import (
@@ -19,6 +19,7 @@ from tenacity import (
 )
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import pause, raise_if_cancelled
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def is_transient(exc: BaseException) -> bool:
     return exc.transient if isinstance(exc, ServiceError) else is_transient_network_error(exc)
 
 
-def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict[str, Any]:
+def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> JsonObject:
     backoff = wait_exponential(
         multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000
     )

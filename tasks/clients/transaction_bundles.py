@@ -10,12 +10,12 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.ndjson import iter_lines, parse_resource
 
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
@@ -113,7 +113,7 @@ def line_entries(
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
 
 
-def search_outcome(entry: dict[str, Any]) -> bool:
+def search_outcome(entry: JsonObject) -> bool:
     """Tell whether a searchset entry is the search's own OperationOutcome, not data.
 
     Why: sending it (``search.mode: outcome``) would store the source server's messages on the
@@ -123,7 +123,7 @@ def search_outcome(entry: dict[str, Any]) -> bool:
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
-def written(resource: dict[str, Any], where: str) -> bytes:
+def written(resource: JsonObject, where: str) -> bytes:
     """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
     try:
         return dumps_exact(resource)
@@ -134,7 +134,7 @@ def written(resource: dict[str, Any], where: str) -> bytes:
 
 
 def transaction_entry(
-    resource: dict[str, Any], raw: bytes | None, tag: str, where: str, full_url: str | None = None
+    resource: JsonObject, raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
     """Return ``(entry JSON, "Type/id")``: a PUT with an id, else a conditional POST.
 
@@ -170,7 +170,7 @@ def entry_tag(position: str) -> str:
     return hashlib.sha256(position.encode()).hexdigest()[:32]
 
 
-def with_tag(resource: dict[str, Any], code: str, where: str) -> dict[str, Any]:
+def with_tag(resource: JsonObject, code: str, where: str) -> JsonObject:
     """Return ``resource`` with the tag its conditional create looks for.
 
     Note: a ``meta`` or ``meta.tag`` not shaped as FHIR's is refused (the tag could not be added

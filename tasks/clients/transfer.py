@@ -20,6 +20,7 @@ import orjson
 from config.services import TransferSettings
 from tasks.clients.fhir_server import FhirServer
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks
 
@@ -112,7 +113,7 @@ def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
 
 def document_reference(
     resource_id: str, binaries: list[SentBinary], transfer: TransferSettings, date: str
-) -> dict[str, Any]:
+) -> JsonObject:
     """Make the job's one DocumentReference: one attachment per Binary.
 
     Note: the fields protocols.md lists.

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object, as_objects
+from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
@@ -104,7 +104,7 @@ def join_entries(entries: list[bytes]) -> bytes:
 
 
 def bundle_entry(
-    resource: dict[str, Any], resource_json: bytes, line_number: int, source: Path
+    resource: JsonObject, resource_json: bytes, line_number: int, source: Path
 ) -> tuple[bytes, str]:
     """Return the entry ``{fullUrl, resource}`` of one resource as JSON, and its label.
 
@@ -141,7 +141,7 @@ def full_url_of(resource: Any) -> str:
     return f"urn:uuid:{uuid.uuid4()}"
 
 
-def with_full_urls(resource: dict[str, Any]) -> bool:
+def with_full_urls(resource: JsonObject) -> bool:
     """Give each Bundle entry (nested too) lacking a ``fullUrl`` one; True if any did."""
     if resource.get("resourceType") != "Bundle":
         return False
@@ -155,7 +155,7 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
     return changed
 
 
-def resource_label(resource: dict[str, Any], line_number: int) -> str:
+def resource_label(resource: JsonObject, line_number: int) -> str:
     """Return a resource's ``Type/id`` for reports (never its content), else its line."""
     resource_type = show_text(resource.get("resourceType", "unknown type"))
     if resource.get("id"):
@@ -187,7 +187,7 @@ class ChunkFindings:
     findings: list[Finding] = field(default_factory=list)
 
 
-def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -> ChunkFindings:
+def read_findings(outcome: JsonObject, labels: tuple[str, ...], keep: int) -> ChunkFindings:
     """Count the issues of ``outcome`` and keep the first ``keep`` errors.
 
     Note: an error is tied to a resource through its FHIRPath (``Bundle.entry[i]...``); without one
@@ -212,7 +212,7 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
     return counted
 
 
-def issue_location(issue: dict[str, Any]) -> str | None:
+def issue_location(issue: JsonObject) -> str | None:
     paths = (issue.get(name) for name in ("expression", "location"))
     return next((p[0] for p in paths if isinstance(p, list) and p and isinstance(p[0], str)), None)
 
@@ -224,14 +224,14 @@ def entry_index(location: str | None, entries: int) -> int | None:
     return 0 if entries == 1 else None
 
 
-def issue_message(issue: dict[str, Any]) -> str:
+def issue_message(issue: JsonObject) -> str:
     for text in (as_object(issue.get("details")).get("text"), issue.get("diagnostics")):
         if isinstance(text, str) and (shown := plain_text(text[: MAX_FINDING_CHARS * 4])):
             return shown if len(shown) <= MAX_FINDING_CHARS else shown[:MAX_FINDING_CHARS] + " …"
     return f"({show_text(issue.get('code') or 'no code')}, no message)"
 
 
-def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
+def annotated(outcome: JsonObject, chunk: Chunk) -> JsonObject:
     """Return the outcome as a report line, with the chunk number and its resources.
 
     Note: extensions give the chunk number and every resource it held, in order.
@@ -245,7 +245,7 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
     }
 
 
-def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
+def as_operation_outcome(content: bytes) -> JsonObject | None:
     """Return the answer as an OperationOutcome, every text redacted, else None.
 
     Note: redacted for reports, logs and artifacts.
@@ -253,7 +253,7 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
     answer = json_or_none(content, orjson.loads)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
-    redacted: dict[str, Any] = redact_strings(answer)
+    redacted: JsonObject = redact_strings(answer)
     return redacted
 
 
@@ -282,7 +282,7 @@ class Validator:
             headers=FHIR_JSON_HEADERS,
         )
 
-    def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
+    def validate(self, chunk: Chunk, source: str) -> JsonObject:
         """Return the OperationOutcome for ``chunk``, else raise its ``ServiceError``.
 
         Note: an outcome is taken from a 2xx answer or a 412/422.

@@ -10,6 +10,8 @@ from typing import Any, TypeAlias
 
 JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
 """A parsed JSON document (``json.loads``, orjson, msgspec): what the engine and clients use."""
+JsonObject: TypeAlias = dict[str, Any]
+"""A parsed JSON object: a resource, a ViewDefinition, an API's answer, or a part of one."""
 
 # The items are Any, not JSON, until the callers (tasks/sof, tasks/clients) narrow what they read.
 
@@ -18,10 +20,10 @@ def as_array(value: JSON) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def as_object(value: JSON) -> dict[str, Any]:
+def as_object(value: JSON) -> JsonObject:
     return value if isinstance(value, dict) else {}
 
 
-def as_objects(value: JSON) -> list[dict[str, Any]]:
+def as_objects(value: JSON) -> list[JsonObject]:
     """The objects of an array, anything else in it skipped."""
     return [item for item in as_array(value) if isinstance(item, dict)]

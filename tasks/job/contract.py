@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.loader import cached_settings
 from config.settings import Settings
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_folder
@@ -100,7 +101,7 @@ class StepInput(BaseModel):
     job_input: str | None = None
     folder: str | None = None
     files: list[DataFile] = Field(default_factory=list)
-    facts: dict[str, Any] = Field(default_factory=dict)
+    facts: JsonObject = Field(default_factory=dict)
     config_path: str | None = None
     overrides: dict[str, str] = Field(default_factory=dict)
     files_digest: str | None = None
@@ -159,7 +160,7 @@ class StepInput(BaseModel):
             step=self.step, position=self.position, folder=relative, files=files, summary=summary
         )
 
-    def cache_identity(self) -> dict[str, Any]:
+    def cache_identity(self) -> JsonObject:
         """What a step's (and its files') results depend on: its input.
 
         Note: not the facts the job learns as it runs (a step that recorded an extraction handle
@@ -226,7 +227,7 @@ def digest(value: Any) -> str:
     return hashed.hexdigest()[:20]
 
 
-def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+def job_cache_key(context: TaskRunContext, parameters: JsonObject) -> str:
     """The result's path in the job directory (``result_name``)."""
     step: StepInput = parameters["step"]
     others = {name: value for name, value in parameters.items() if name != "step"}

@@ -8,12 +8,10 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable
-from typing import Any
 
 from config.enrichment import AttributeToAdd, EnrichmentRule
 from tasks.core.errors import StepError
-
-Json = dict[str, Any]
+from tasks.core.json_shapes import JsonObject
 
 
 class EnrichmentError(StepError, ValueError):
@@ -27,12 +25,14 @@ class UnresolvedLinkError(EnrichmentError):
     """A linked profile URL that no attribute group has as its groupReference."""
 
 
-def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
+def enrich_crtdl(
+    crtdl: JsonObject, rules: Iterable[EnrichmentRule]
+) -> tuple[JsonObject, list[str]]:
     """Apply ``rules`` in order to a copy of ``crtdl``; warn once per skipped rule."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
     # (the rule's group_reference, the attribute, a linked profile URL)
-    links: list[tuple[str, Json, str]] = []
+    links: list[tuple[str, JsonObject, str]] = []
     for rule in rules:
         for group in _groups_for(enriched, rule, warnings):
             for wanted in rule.attributes_to_add:
@@ -44,7 +44,7 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, li
     return enriched, warnings
 
 
-def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
+def _groups_for(crtdl: JsonObject, rule: EnrichmentRule, warnings: list[str]) -> list[JsonObject]:
     """The groups a rule enriches: the existing ones, a newly created one, or none.
 
     Note: none comes with a warning.
@@ -65,7 +65,7 @@ def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[
     return [_create_group(crtdl, rule.group_reference, rule.create_if_not_exists.group_name)]
 
 
-def _existing_groups(crtdl: Json) -> list[Json]:
+def _existing_groups(crtdl: JsonObject) -> list[JsonObject]:
     if (data_extraction := crtdl.get("dataExtraction")) is None:
         return []
     if not isinstance(data_extraction, dict):
@@ -76,7 +76,7 @@ def _existing_groups(crtdl: Json) -> list[Json]:
     return groups
 
 
-def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
+def _create_group(crtdl: JsonObject, group_reference: str, group_name: str) -> JsonObject:
     groups = _existing_groups(crtdl)
     group_id = _unique_id(group_name, groups)
     group = {
@@ -91,7 +91,7 @@ def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
     return group
 
 
-def _unique_id(name: str, groups: list[Json]) -> str:
+def _unique_id(name: str, groups: list[JsonObject]) -> str:
     taken = {group.get("id") for group in groups}
     base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "group"
     candidate, counter = base, 1
@@ -101,7 +101,7 @@ def _unique_id(name: str, groups: list[Json]) -> str:
     return candidate
 
 
-def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
+def _ensure_attribute(group: JsonObject, wanted: AttributeToAdd) -> JsonObject:
     """Append the group's attribute for ``wanted.attribute_ref`` if missing.
 
     Note: mustHave is only ever raised.
@@ -118,7 +118,7 @@ def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
     return attribute
 
 
-def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
+def _resolve_links(crtdl: JsonObject, links: list[tuple[str, JsonObject, str]]) -> None:
     groups = _existing_groups(crtdl)
     for group_reference, attribute, url in links:
         if not (targets := [group for group in groups if group.get("groupReference") == url]):
@@ -133,7 +133,7 @@ def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
                 linked_ids.append(target_id)
 
 
-def _id_of(group: Json, groups: list[Json]) -> str:
+def _id_of(group: JsonObject, groups: list[JsonObject]) -> str:
     """The group's id; an id-less group gets one from its name or profile's last part."""
     if not group.get("id"):
         name = (

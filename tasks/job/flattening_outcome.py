@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import DataFile, StepInput
 from tasks.job.layout import artifact_key
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
@@ -49,7 +49,7 @@ class GroupCounts:
     """Without Provenance: the group's CRTDL restrictions that could not be applied
 (``Selection.not_applied``)."""
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> JsonObject:
         group = self.group
         return {
             "group": group.name,
@@ -68,7 +68,7 @@ class FlattenOutcome(RouteCounts):
     engine: str
     files: list[DataFile] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> JsonObject:
         # without Provenance: what the groups' profiles and filters left out, what was not applied
         selection = {
             "other_profile": dict(sorted(self.other_profile.items())),

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from tasks.core.errors import JobError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import MB, JsonFileError, read_json_file
 from tasks.core.readable import counted, plain_text
 from tasks.job.layout import JobPaths
@@ -100,7 +101,7 @@ class StepRecord(BaseModel):
     position: int
     folder: str
     files: Sequence[FileEntry] = Field(default_factory=list)  # a StepResult's are DataFiles
-    summary: dict[str, Any] = Field(default_factory=dict)
+    summary: JsonObject = Field(default_factory=dict)
     awaiting: bool = False
     seconds: float | None = None
     cached: bool = False
@@ -120,7 +121,7 @@ class JobRecord(BaseModel):
     overrides: dict[str, str] = Field(default_factory=dict)
     enabled_steps: list[PlainText] = Field(default_factory=list)
     created_at: Timestamp = Field(default_factory=now_iso)
-    facts: dict[str, Any] = Field(default_factory=dict)
+    facts: JsonObject = Field(default_factory=dict)
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
@@ -175,11 +176,11 @@ def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[Job
         )
 
 
-def read_facts(job_dir: Path) -> dict[str, Any]:
+def read_facts(job_dir: Path) -> JsonObject:
     return read_record(job_dir).facts
 
 
-def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
+def record_facts(job_dir: Path, **facts: Any) -> JsonObject:
     """Merge ``facts`` into the job's facts and return them; None removes a key."""
     with changing_record(job_dir) as record:
         record.facts = {

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import MB, parse_json_document, read_limited
 from tasks.job.record import RecordError, as_record_error
 
@@ -47,7 +48,7 @@ def record_problem(path: Path, document: Any) -> str | None:
     return None
 
 
-def read_result_record(path: Path) -> dict[str, Any]:
+def read_result_record(path: Path) -> JsonObject:
     """Read the record at ``path``, checked; else a ``RecordError`` naming the file."""
     return read_checked(path)[1]
 
@@ -68,7 +69,7 @@ def checked_result(path: Path) -> bytes:
     return data
 
 
-def read_checked(path: Path) -> tuple[bytes, dict[str, Any]]:
+def read_checked(path: Path) -> tuple[bytes, JsonObject]:
     """Read the bytes and parsed record at ``path``, checked; else a ``RecordError``."""
     label = f"the result record {path.name}"
     if not path.is_file():  # a FIFO would block the read

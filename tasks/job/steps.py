@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import TypedDict, TypeVar
 
 import httpx
 from prefect.artifacts import create_table_artifact
 
 from config.settings import Settings
 from tasks.clients.downloads import download_ndjson
+from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import StepInput
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.layout import step_artifact_key
@@ -68,12 +69,12 @@ def download_tracked(
         )
 
 
-def compression_shape(settings: Settings) -> dict[str, Any]:
+def compression_shape(settings: Settings) -> JsonObject:
     """How a step compresses what it writes: part of its output's shape."""
     return {"compressed": settings.compression.enabled, "level": settings.compression.level}
 
 
-def file_shape(path: str | None) -> dict[str, Any]:
+def file_shape(path: str | None) -> JsonObject:
     """A settings file as part of a step's output's shape: path, size, time of change.
 
     Why: so that an edit counts (a stat: the step reads the file once per run).
@@ -133,7 +134,7 @@ def write_answers(
     return writer.stats
 
 
-def publish_report(step: StepInput, rows: list[dict[str, Any]], description: str) -> None:
+def publish_report(step: StepInput, rows: list[JsonObject], description: str) -> None:
     """The step's report artifact (``job-<id>-NN-<step>-report``): one row per file."""
     create_table_artifact(
         key=step_artifact_key(step.job_id, step.position, step.step, "report"),

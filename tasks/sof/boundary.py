@@ -1,4 +1,4 @@
-"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times.
+"""FHIRPath ``lowBoundary`` / ``highBoundary`` of decimals, dates and times.
 
 The ends of the range a value's precision allows, as the SQL-on-FHIR suite reads them (``1.5``:
 [1.45, 1.55)); the rules are in docs/development.md, "The SQL-on-FHIR engine".

@@ -11,6 +11,7 @@ from decimal import Decimal
 from itertools import count, product
 from typing import Any
 
+from tasks.core.json_shapes import JsonObject
 from tasks.sof.fhirpath import MemberPath, Operation, Plan, TypePath
 from tasks.sof.shapes import Row
 
@@ -73,7 +74,7 @@ class _Writer:
         """The function's lines; a ``_Where``'s are written when the source is made.
 
         Note: sibling wheres add to them."""
-        self.constants: dict[str, Any] = {}
+        self.constants: JsonObject = {}
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
         """(value, type, indent): checked as an object of that type in that block."""

@@ -1,4 +1,4 @@
-"""One ViewDefinition per CRTDL attribute group, built from the lookup table of its profile.
+"""One ViewDefinition per CRTDL attribute group, from its profile's lookup table.
 
 Its columns, and how groups get their ids and file names: docs/development.md, "The SQL-on-FHIR
 engine".
@@ -14,13 +14,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import SofError, ViewError
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
-from tasks.sof.shapes import JsonObject
+
 
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
 # None: outside).

@@ -1,4 +1,4 @@
-"""FHIRPath for ViewDefinitions: each expression compiled once, member paths without fhirpathpy.
+"""FHIRPath for ViewDefinitions: compiled once, member paths without fhirpathpy.
 
 Everything else goes to ``tasks.sof.fhirpath_interpreter``, imported for the first such expression:
 a view of member paths never loads fhirpathpy. See docs/development.md, "The SQL-on-FHIR engine".

@@ -1,6 +1,6 @@
 # mypy: disallow-untyped-calls=False
 # (this module calls into fhirpathpy, whose functions carry no annotations)
-"""FHIRPath expressions that are no member paths, evaluated by fhirpathpy with bounds.
+"""FHIRPath expressions that are no member paths, run by fhirpathpy, bounded.
 
 Imported only where a view has one; its functions and their bounds (each a ``FhirPathError``) are in
 docs/development.md, "The SQL-on-FHIR engine".
@@ -28,6 +28,7 @@ from fhirpathpy.parser.ASTPathListener import ASTPathListener
 from fhirpathpy.parser.generated.FHIRPathLexer import FHIRPathLexer
 from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
+from tasks.core.json_shapes import JsonObject
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
 from tasks.sof.fhirpath_shared import (
@@ -64,7 +65,7 @@ class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ship
         raise FhirPathError(f"column {column + 1}: {msg}")
 
 
-def parse(expression: str) -> dict[str, Any]:
+def parse(expression: str) -> JsonObject:
     """fhirpathpy's parse tree, strictly.
 
     Why: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
@@ -92,7 +93,7 @@ def parse(expression: str) -> dict[str, Any]:
     return parsed
 
 
-def tree_depth(node: dict[str, Any]) -> int:
+def tree_depth(node: JsonObject) -> int:
     """Levels of a parse tree (walked with a list, not recursion)."""
     deepest, pending = 0, [(node, 1)]
     while pending:
@@ -115,7 +116,7 @@ def interpreted(expression: str) -> Interpreted:
     return Interpreted(expression, root, leading, bool(filters))
 
 
-def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
+def type_filters(node: JsonObject) -> list[tuple[str, bool]]:
     """The type filters that start its paths (``Patient`` of ``Patient.id``).
 
     Note: left to right, each with whether it is in a function's arguments (whose focus
@@ -140,7 +141,7 @@ class Interpreted:
     """An expression fhirpathpy evaluates (parsed once); ``collect`` as MemberPath's."""
 
     expression: str
-    root: dict[str, Any]
+    root: JsonObject
     leading_types: list[str]
     """The type filters starting its paths at its focus (not in a function's arguments)"""
     typed: bool

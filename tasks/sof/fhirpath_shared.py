@@ -1,7 +1,8 @@
-"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``,
-``tasks.sof.fhirpath_interpreter``) share, without importing fhirpathpy: its package imports its
-parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of member paths
-never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
+"""What FHIRPath's two ways of evaluating share, without importing fhirpathpy.
+
+Why: fhirpathpy's package imports its parser and evaluator (0.1 s, most of a small ``view run``'s
+start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``,
+read from its files.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from tasks.core.json_shapes import JsonObject
 from tasks.sof.errors import FhirPathError
 
 # refused when compiled: fhirpathpy's parser and evaluator recurse per level
@@ -27,7 +29,7 @@ MAX_COMPUTED_SIZE = 1 << 20
 """FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
 
 
-def r4_model() -> dict[str, Any]:
+def r4_model() -> JsonObject:
     spec = importlib.util.find_spec("fhirpathpy")
     assert spec is not None and spec.submodule_search_locations  # a dependency
     folder = Path(next(iter(spec.submodule_search_locations))) / "models" / "r4"

@@ -1,8 +1,9 @@
-"""Flattening's per-file work: routing resources to attribute groups, a file's rows as CSV parts.
+"""Flattening's per-file work: resources routed to groups, rows as CSV parts.
 
 ``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``;
 cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``. See docs/development.md,
-"The SQL-on-FHIR engine"."""
+"The SQL-on-FHIR engine".
+"""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import IO, Any, Protocol, TypedDict
 
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
@@ -27,7 +28,7 @@ from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
-from tasks.sof.shapes import JsonObject, Row
+from tasks.sof.shapes import Row
 
 ATTRIBUTE_GROUP_SYSTEM = (
     "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"

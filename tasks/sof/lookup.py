@@ -13,16 +13,17 @@ from typing import Any
 import orjson
 from jsonschema import Draft202012Validator
 
+from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
-from tasks.sof.shapes import JsonObject
+
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
 # FHIR elements nest a dozen levels; a deeper children chain is a broken file
 MAX_ELEMENT_DEPTH = 64
 
-LOOKUP_SCHEMA: dict[str, Any] = orjson.loads(
+LOOKUP_SCHEMA: JsonObject = orjson.loads(
     Path(__file__).with_name("lookup.schema.json").read_bytes()
 )
 """The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions

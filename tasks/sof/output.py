@@ -111,7 +111,7 @@ def _plain_lines(batch: list[Any]) -> bytes | None:
 
 
 def json_lines(text: bytes, rows: int, width: int, opening: bytes = b"[") -> bytes | None:
-    """CSV lines of a JSON list of ``rows`` arrays, each ``opening`` then ``width`` cells.
+    """Return the CSV lines of a JSON list of ``rows`` arrays of ``width`` cells.
 
     Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
     CR, LF or control character in a string), a comma but the separators, a bracket but the

@@ -1,4 +1,4 @@
-"""A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
+"""A finished group CSV as Parquet, typed from its ViewDefinition's columns.
 
 A cell its type cannot hold raises ``ViewError`` naming file, column and row, never the value (it is
 patient data). Blocks, row groups and types: docs/development.md, "The SQL-on-FHIR engine".
@@ -20,10 +20,11 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.csv as pa_csv  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
+from tasks.core.json_shapes import JsonObject
 from tasks.streams.files import close_synced, write_error
 from tasks.sof.errors import ViewError
 from tasks.sof.view import compile_view
-from tasks.sof.shapes import JsonObject
+
 
 BLOCK_BYTES = 1024 * 1024
 MAX_BLOCK_BYTES = 1024 * BLOCK_BYTES  # a row longer than this (a CSV row of over 1 GB) is refused

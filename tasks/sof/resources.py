@@ -1,5 +1,7 @@
-"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into
-entries, and lines of types no view reads passed over unparsed."""
+"""Reading resources for the engine: NDJSON lines, Bundles opened into entries.
+
+Note: decimals are kept as written; lines of types no view reads are passed over unparsed.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +13,11 @@ from typing import Any
 import orjson
 import re2
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
 from tasks.streams.ndjson import LineSplitter, iter_chunks, iter_lines
-from tasks.sof.shapes import JsonObject, Row
+from tasks.sof.shapes import Row
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*(?:-?\d+(?:\.\d|[eE])|-?\d{20}|-\d{19})")

@@ -1,8 +1,9 @@
-"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance.
+"""Which resources of its type a group takes without a TORCH Provenance.
 
 ``compile_selection`` builds TORCH's search as a test (profile, token and date filters); what it
 cannot apply is listed in ``Selection.not_applied``. See docs/development.md, "The SQL-on-FHIR
-engine"."""
+engine".
+"""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.json_shapes import as_object
+from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.names import show_name
 from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
-from tasks.sof.shapes import JsonObject
+
 
 PATIENT = "Patient"
 # Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a

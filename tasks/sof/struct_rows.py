@@ -1,8 +1,9 @@
-"""A view's CSV made from a whole block of NDJSON lines at once, msgspec decoding in C.
+"""A view's CSV made from a whole block of NDJSON lines at once (msgspec, in C).
 
 A block it cannot vouch for line by line goes back to the caller, read line by line with every
 verdict made as before. Which views and blocks it takes: docs/development.md, "The SQL-on-FHIR
-engine"."""
+engine".
+"""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
 
 
 def _json_csv(structs: list[Any], width: int, opening: bytes, msgspec: Any) -> bytes | None:
-    """The CSV lines of a flat view's structs from their JSON, or None (``json_lines``)."""
+    """Return the CSV lines of a flat view's structs from their JSON, or None."""
     try:
         text = orjson.dumps(structs, default=msgspec.structs.astuple)
         return json_lines(text, len(structs), width, opening)

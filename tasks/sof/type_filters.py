@@ -1,4 +1,4 @@
-"""Paths that start with a type (``Patient.id``, a FHIRPath type filter), checked when compiled.
+"""Paths starting with a type (``Patient.id``), checked when compiled.
 
 A path starting with a type its focus can never have is refused, naming the view and column. See
 docs/development.md, "The SQL-on-FHIR engine".

@@ -1,8 +1,9 @@
-"""SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
+"""SQL-on-FHIR v2 ViewDefinitions: compiled once, then run resource by resource.
 
 ``compile_view`` refuses a bad one (``ViewDefinitionError``); ``CompiledView.rows`` gives tuples in
 ``columns`` order. How rows are made, and their bounds: docs/development.md, "The SQL-on-FHIR
-engine"."""
+engine".
+"""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from itertools import chain, islice
 from math import prod
 from typing import Any, TypeGuard
 
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, generated_rows
@@ -24,7 +26,7 @@ from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
 from tasks.sof.struct_rows import block_csv
 from tasks.sof.type_filters import refuse_other_types
-from tasks.sof.shapes import JsonObject, Row
+from tasks.sof.shapes import Row
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -218,7 +220,7 @@ class CompiledView:
     columns: list[str]
     root: Select
     where: list[tuple[str, Compiled]]
-    constants: dict[str, Any]
+    constants: JsonObject
     definition: JsonObject
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
 
@@ -226,7 +228,8 @@ class CompiledView:
     def compiled(self) -> RowsAt | None:
         """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
 
-        Why at first use: most views a job compiles are only checked."""
+        Why: built at first use, as most views a job compiles are only checked.
+        """
         return (
             None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
         )
@@ -461,8 +464,8 @@ def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:
         raise ViewDefinitionError(f"{where}: {exc}") from exc
 
 
-def _constants(specs: Any) -> dict[str, Any]:
-    constants: dict[str, Any] = {}
+def _constants(specs: Any) -> JsonObject:
+    constants: JsonObject = {}
     for index, spec in enumerate(_list_of(specs, "constant")):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
             raise ViewDefinitionError(f"constant[{index}] needs a name")

@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import orjson
 import zstandard
 
 from tasks.core.errors import StepError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 
 T = TypeVar("T")
@@ -448,7 +449,7 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
 
 def parse_resource(
     source: Path | str, line_number: int, line: bytes | bytearray | memoryview
-) -> dict[str, Any]:
+) -> JsonObject:
     """Parse one NDJSON line as a JSON object with a ``resourceType``.
 
     Note: an error never quotes the line (patient data).
