@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -68,10 +69,7 @@ class DataFile(FileEntry):
         reads the set, a frozen model never adds to it, a copy gets its own, and ``model_dump``
         writes every field.
         """
-        counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
-        return cls.model_construct(
-            NO_FIELDS_SET, name=name, size=stats.size, modified_ns=stats.modified_ns, **counts
-        )
+        return cls.model_construct(NO_FIELDS_SET, name=name, **asdict(stats))
 
     @property
     def core(self) -> bool:
