@@ -39,23 +39,14 @@ class DupflowError(Exception):
     def kind(self) -> str:
         return "transient" if self.transient else "terminal"
 
-    def __reduce__(self) -> tuple[Callable[..., DupflowError], tuple[object, ...]]:
-        """Pickled as its class, ``args`` and attributes, never through ``__init__``.
+    def __reduce__(self) -> tuple[Callable[..., DupflowError], tuple[object, ...], object]:
+        """Pickled as its class and attributes (``args`` too), never through ``__init__``.
 
         Why:
         - Its parameters differ by subclass: an error raised on a Dask worker came to the flow
           process as a TypeError naming ``__init__``, the real reason lost.
         """
-        return _rebuilt, (type(self), self.args, self.__dict__)
-
-
-def _rebuilt(
-    cls: type[DupflowError], args: tuple[object, ...], state: dict[str, object]
-) -> DupflowError:
-    error = cls.__new__(cls, *args)
-    error.args = args
-    error.__dict__.update(state)
-    return error
+        return type(self).__new__, (type(self),), {**self.__dict__, "args": self.args}
 
 
 class StepError(DupflowError):

@@ -154,7 +154,7 @@ def redact(text: str) -> str:
         return text
     if (pattern := _secrets_pattern) is not None:
         text = pattern.sub(REDACTED, text)
-    text = _AUTHORIZATION_VALUE.sub(lambda m: m[1] + REDACTED, text)
+    text = _AUTHORIZATION_VALUE.sub(rf"\g<1>{REDACTED}", text)
     text = _SCHEME_TOKEN.sub(
         lambda m: m[1] + m[2] + (REDACTED if _looks_like_token(m[3]) else m[3]),
         text,

@@ -11,9 +11,10 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import asdict
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, TypeVar, cast
 
 from prefect import Task, task
 from prefect.cache_policies import CacheKeyFnPolicy
@@ -36,7 +37,7 @@ from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
-P = ParamSpec("P")
+C = TypeVar("C", bound=Callable[..., Any])
 NO_FIELDS_SET: set[str] = set()
 
 
@@ -68,10 +69,7 @@ class DataFile(FileEntry):
         reads the set, a frozen model never adds to it, a copy gets its own, and ``model_dump``
         writes every field.
         """
-        counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
-        return cls.model_construct(
-            NO_FIELDS_SET, name=name, size=stats.size, modified_ns=stats.modified_ns, **counts
-        )
+        return cls.model_construct(NO_FIELDS_SET, name=name, **asdict(stats))
 
     @property
     def core(self) -> bool:
@@ -416,13 +414,7 @@ def data_files(value: Any) -> Iterator[DataFile]:
             yield from data_files(item)
 
 
-@overload
-def stored_in_job(call: Task[P, R], step: StepInput, refresh: bool = False) -> Task[P, R]: ...
-@overload
-def stored_in_job(
-    call: Callable[P, R], step: StepInput, refresh: bool = False
-) -> Callable[P, R]: ...
-def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]:
+def stored_in_job(call: C, step: StepInput, refresh: bool = False) -> C:
     """Make ``call`` (a task; a plain function as it is) store in the job's results.
 
     Why: Prefect writes a failure's record there under a random name, which the decorators' root
@@ -435,8 +427,6 @@ def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) 
     if not isinstance(call, Task):
         return call
     folder = JobPaths(step.job_path).results
-    kept: Task[P, R] = call.with_options(
-        result_storage=folder, refresh_cache=True if refresh else NotSet
-    )
+    kept = call.with_options(result_storage=folder, refresh_cache=True if refresh else NotSet)
     kept.result_storage = JobResultStorage(basepath=str(folder))
-    return kept
+    return cast(C, kept)

@@ -238,13 +238,7 @@ def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
 
     table = [c.row() for c in outcome.groups]
     table += [
-        {
-            "group": g.name,
-            "id": g.id,
-            "csv": f"(skipped: no lookup table for {g.profile})",
-            "resources": 0,
-            "rows": 0,
-        }
+        GroupCounts(g, f"(skipped: no lookup table for {g.profile})", "").row()
         for g in outcome.skipped
     ]
     for label, counts in (

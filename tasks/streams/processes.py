@@ -50,17 +50,13 @@ def uncounted(amount: int) -> None:
 class SharedCount:
     """A count a worker process adds to and its caller reads, through a small file.
 
-    Why: no manager process. Written at most every ``COUNT_WRITE_SECONDS``; pickled, only the path
-    travels.
+    Why: no manager process. Written at most every ``COUNT_WRITE_SECONDS``.
     """
 
     def __init__(self, path: str):
         self.path = path
         self._count = 0
         self._next_write = 0.0
-
-    def __reduce__(self) -> tuple[type[SharedCount], tuple[str]]:
-        return SharedCount, (self.path,)
 
     def add(self, amount: int) -> None:
         self._count += amount

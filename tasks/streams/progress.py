@@ -371,7 +371,7 @@ _board = _Board()
 def _new_rich_progress() -> Any:
     """Make rich's columns by a task's unit: sizes and speed for bytes, else counts.
 
-    Note: an ETA only with a total.
+    Note: rich's ETA shows only with a total.
     """
     from rich.progress import (
         BarColumn,
@@ -401,17 +401,11 @@ def _new_rich_progress() -> Any:
                 else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
             )
 
-    class EtaColumn(ProgressColumn):
-        remaining = TimeRemainingColumn()
-
-        def render(self, task: Task) -> Text:
-            return self.remaining.render(task) if task.total is not None else Text("")
-
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
         AmountColumn(),
         RateColumn(),
-        EtaColumn(),
+        TimeRemainingColumn(),
     )
     return Progress(*columns, transient=True)
