@@ -17,13 +17,14 @@ from typing import Any
 from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import SofError, ViewError
+from tasks.sof.fhirpath_shared import MODEL
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
 
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
-# None: outside).
+# None: outside). The types with an element ``patient`` (in the R4 model) refer by it.
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(
         (
@@ -37,32 +38,11 @@ PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
         ),
         None,
     ),
-    # the types whose reference to the patient is their element ``patient``
-    **dict.fromkeys(
-        (
-            "AllergyIntolerance",
-            "BodyStructure",
-            "Claim",
-            "ClaimResponse",
-            "Consent",
-            "CoverageEligibilityRequest",
-            "CoverageEligibilityResponse",
-            "DetectedIssue",
-            "Device",
-            "EpisodeOfCare",
-            "ExplanationOfBenefit",
-            "FamilyMemberHistory",
-            "Immunization",
-            "ImmunizationEvaluation",
-            "ImmunizationRecommendation",
-            "MolecularSequence",
-            "NutritionOrder",
-            "RelatedPerson",
-            "SupplyDelivery",
-            "VisionPrescription",
-        ),
-        "patient.reference",
-    ),
+    **{
+        path.removesuffix(".patient"): "patient.reference"
+        for path in MODEL["path2Type"]
+        if re.fullmatch(r"[A-Za-z]+\.patient", path)
+    },
     "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
