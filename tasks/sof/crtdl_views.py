@@ -18,7 +18,7 @@ from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import SofError, ViewError
 from tasks.sof.fhirpath_shared import MODEL
-from tasks.sof.lookup import LookupTable, in_iterations
+from tasks.sof.lookup import LookupTable
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
@@ -225,11 +225,9 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     selected = [a for a in group.attributes if a in table.elements]
     skipped = [a for a in group.attributes if a not in table.elements]
     for attribute in selected:
-        ancestors = table.ancestors(attribute)
-        if any(ancestor in selected for ancestor in ancestors):
+        if any(ancestor in selected for ancestor in table.ancestors(attribute)):
             continue
-        iterations = [table.snippet(ancestor) for ancestor in ancestors]
-        selects.append(in_iterations(_expanded(table, attribute), iterations))
+        selects.append(table.in_iterations(attribute, _expanded(table, attribute)))
     view = {
         "resourceType": "ViewDefinition",
         "name": _view_name(group.name),
