@@ -50,8 +50,7 @@ def generated_rows(
     writer = _Writer(limit, cells or fields is not None, fields)
     result, single = writer.select(root, "d0", resource_type, 1)
     if not single:  # lists of a row per element grow with the data: the rows are checked here
-        writer.emit(1, f"if len({result}) > {limit}:")
-        writer.emit(2, IRREGULAR)
+        writer.give_up_if(f"len({result}) > {limit}", 1)
     if fields is not None:  # a tuple: the cyclic GC stops tracking it and its rows at once
         result = f"({result},)" if single else f"tuple({result})"
     elif single:
@@ -96,6 +95,11 @@ class _Writer:
 
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line + "\n")
+
+    def give_up_if(self, test: str, indent: int) -> None:
+        """Code returning None (data not shaped as planned) where ``test`` holds."""
+        self.emit(indent, f"if {test}:")
+        self.emit(indent + 1, IRREGULAR)
 
     def member(self, value: str, key: str, default: str = "") -> str:
         """Code reading ``value``'s member ``key`` (None where missing, else ``default``)."""
@@ -143,8 +147,7 @@ class _Writer:
         if part != rows:
             self.emit(indent + 1, f"{rows} += {part}")
         # rows of rows: checked as they grow
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
-        self.emit(indent + 2, IRREGULAR)
+        self.give_up_if(f"len({rows}) > {self.limit}", indent + 1)
         return rows, False
 
     def rows_at(
@@ -231,8 +234,7 @@ class _Writer:
             if step:
                 self.emit(indent, f"if {value} is not None:")
             if step and self.fields is not None:  # a struct's member may be a list of structs
-                self.emit(indent + 1, f"if type({value}) is list:")
-                self.emit(indent + 2, IRREGULAR)
+                self.give_up_if(f"type({value}) is list", indent + 1)
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
             default = ", ''" if self.cells and step == len(plan.operations) - 1 else ""
             read = self.member(value if step else focus, key, default)
@@ -244,8 +246,7 @@ class _Writer:
         elif self.cells:
             self.as_cell(value, indent)
         else:
-            self.emit(indent, f"if type({value}) not in KEPT:")
-            self.emit(indent + 1, IRREGULAR)
+            self.give_up_if(f"type({value}) not in KEPT", indent)
         return value
 
     def as_cell(self, value: str, indent: int) -> None:
@@ -354,8 +355,7 @@ class _Writer:
         """Code giving a member's value as a list: the data's (read only), or of 0 or 1."""
         self.emit(indent, f"if type({value}) is list:")
         if self.fields is None:  # a null in an array (a struct's lists hold none)
-            self.emit(indent + 1, f"if None in {value}:")
-            self.emit(indent + 2, IRREGULAR)
+            self.give_up_if(f"None in {value}", indent + 1)
         self.emit(indent + 1, f"{kept} = {value}")
         self.emit(indent, "else:")
         self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
@@ -366,8 +366,7 @@ class _Writer:
         _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
         if self.fields is None:
-            self.emit(indent + 2, f"if None in {child}:")
-            self.emit(indent + 3, IRREGULAR)
+            self.give_up_if(f"None in {child}", indent + 2)
         self.emit(indent + 2, f"{kept} += {child}")
         self.emit(indent + 1, f"elif {child} is not None:")
         self.emit(indent + 2, f"{kept}.append({child})")
@@ -400,8 +399,7 @@ class _Writer:
             return
         self.checked.add((value, at, indent))
         other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
-        self.emit(indent, f"if type({value}) is not dict or {other}:")
-        self.emit(indent + 1, IRREGULAR)
+        self.give_up_if(f"type({value}) is not dict or {other}", indent)
 
 
 class _Where:
