@@ -81,14 +81,17 @@ def compile_selection(
     """The group's test; a Patient group takes every Patient, as TORCH's search does."""
     if resource_type == PATIENT:
         return Selection()
-    notes = [note for f in filters if (note := _unusable(f))]
-    named = [f for f in filters if not _unusable(f)]
-    token_paths, codes, token_notes = _token_test(
-        resource_type, [f for f in named if f.get("type") == "token"]
-    )
+    named = [f for f in filters if isinstance(as_object(f).get("name"), str)]
+    notes = [
+        f"a filter that is no object with a name ({show_name(str(f))})"
+        for f in filters
+        if f not in named
+    ]
+    tokens = [f for f in named if f.get("type") == "token"]
+    token_paths, codes, token_note = _token_test(resource_type, tokens)
     dates = [f for f in named if f.get("type") == "date"]
     date, date_note = _date_test(resource_type, dates[0]) if dates else (None, None)
-    notes += token_notes + ([date_note] if date_note else [])
+    notes += [note for note in (token_note, date_note) if note]
     if reference_only:
         notes.append(
             f"includeReferenceOnly (the group takes every {resource_type} of its profile, not "
@@ -105,16 +108,9 @@ def compile_selection(
     )
 
 
-def _unusable(spec: Any) -> str | None:
-    """What is wrong with a filter TORCH would not take (no object, no name), or None."""
-    if not isinstance(as_object(spec).get("name"), str):
-        return f"a filter that is no object with a name ({show_name(str(spec))})"
-    return None
-
-
 def _token_test(
     resource_type: str, tokens: list[JsonObject]
-) -> tuple[Paths, set[tuple[str, str]], list[str]]:
+) -> tuple[Paths, set[tuple[str, str]], str | None]:
     """The token filters' elements and ``(system, code)`` pairs, or nothing and why."""
     paths: list[tuple[str, ...]] = []
     codes: set[tuple[str, str]] = set()
@@ -133,14 +129,12 @@ def _token_test(
             return (
                 (),
                 set(),
-                [
-                    f"the token filter {shown}: {why}; the group takes its {resource_type}s of "
-                    "any code"
-                ],
+                f"the token filter {shown}: {why}; the group takes its {resource_type}s of "
+                "any code",
             )
         paths += [p for p in found if p not in paths]
         codes |= {(c["system"], c["code"]) for c in valid}
-    return tuple(paths), codes, []
+    return tuple(paths), codes, None
 
 
 def _shown_codes(codes: Any) -> list[str]:
