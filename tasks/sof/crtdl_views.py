@@ -135,7 +135,7 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
                 must_have,
             )
         )
-    _refuse_shared_ids([(made.id, made.name) for made in groups])
+    _refuse_shared_ids(groups)
     stems = Counter(made.file_stem.casefold() for made in groups)
     return [
         replace(made, file_stem=f"{made.file_stem}-{short_group_id(made.id)}")
@@ -177,18 +177,18 @@ def _attribute_refs(group: JsonObject, group_id: str) -> list[str]:
     return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 
 
-def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
+def _refuse_shared_ids(groups: list[AttributeGroup]) -> None:
     """Refuse two groups of one id, naming each by position (from 1) and name.
 
     Why: resources reach a group by its id (the Provenance names it): two groups of one id
     cannot both get theirs; a copied group shares its name as well."""
     first_at: dict[str, int] = {}
-    for index, (group_id, name) in enumerate(groups):
-        if (first := first_at.setdefault(group_id, index)) != index:
+    for index, group in enumerate(groups):
+        if (first := first_at.setdefault(group.id, index)) != index:
             raise SofError(
-                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} "
-                f"({show_name(name)}) of the CRTDL's attributeGroups share the id "
-                f"{show_name(group_id)}; resources are routed to a group by its id: give group "
+                f"attribute groups {first + 1} ({show_name(groups[first].name)}) and {index + 1} "
+                f"({show_name(group.name)}) of the CRTDL's attributeGroups share the id "
+                f"{show_name(group.id)}; resources are routed to a group by its id: give group "
                 f"{index + 1} an id of its own in the CRTDL"
             )
 
