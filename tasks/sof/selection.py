@@ -13,7 +13,7 @@ from typing import Any
 
 from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.names import show_name
-from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
+from tasks.sof.search_elements import SEARCH_ELEMENTS, Paths
 
 
 PATIENT = "Patient"
@@ -118,7 +118,7 @@ def _token_test(
         if not token.get("codes"):
             continue  # no code: TORCH searches without one
         name = token["name"]
-        found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
+        found = SEARCH_ELEMENTS["token"].get(name, {}).get(resource_type)
         listed = token["codes"] if isinstance(token["codes"], list) else []
         valid = [c for c in listed if all(isinstance(as_object(c).get(k), str) for k in CODING)]
         if found is None or not valid or len(valid) < len(token["codes"]):
@@ -148,7 +148,7 @@ def _date_test(resource_type: str, spec: JsonObject) -> tuple[DateBounds | None,
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
     shown = f"{show_name(name)} ({first} to {last})"
-    found = DATE_ELEMENTS.get(name, {}).get(resource_type)
+    found = SEARCH_ELEMENTS["date"].get(name, {}).get(resource_type)
     if (
         bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)
     ) is not None:
@@ -163,7 +163,11 @@ def _date_test(resource_type: str, spec: JsonObject) -> tuple[DateBounds | None,
 
 
 def _unknown_parameter(kind: str, name: str, resource_type: str) -> str:
-    known = known_names(TOKEN_ELEMENTS if kind == "token" else DATE_ELEMENTS, resource_type)
+    known = sorted(
+        parameter
+        for parameter, by_type in SEARCH_ELEMENTS[kind].items()
+        if resource_type in by_type
+    )
     listed = f" (known: {', '.join(known)})" if known else ""
     return (
         f"{show_name(name)} is no {kind} search parameter of {resource_type} dupflow knows{listed}"
