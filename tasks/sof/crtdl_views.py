@@ -24,7 +24,8 @@ from tasks.sof.view import compile_view
 
 
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
-# None: outside). The types with an element ``patient`` (in the R4 model) refer by it.
+# None: outside). The types with an element ``patient`` (in the R4 model) refer by it; those not
+# listed (Account too) by ``subject``.
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(
         (
@@ -43,7 +44,6 @@ PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
         for path in MODEL["path2Type"]
         if re.fullmatch(r"[A-Za-z]+\.patient", path)
     },
-    "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
     "AppointmentResponse": "actor.where(reference.startsWith('Patient/')).reference.first()",
