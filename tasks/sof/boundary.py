@@ -60,11 +60,9 @@ def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | Non
 
 
 def _date(text: str, precision: int | None, high: bool) -> str | None:
-    if (match := _DATE.match(text)) is None:
+    if _DATE.match(text) is None or precision not in (None, 4, 6, 8):
         return None
-    year, month, day = match.groups()
-    date = _full_date(year, month, day, high)
-    return date if precision is None else {4: date[:4], 6: date[:7], 8: date}.get(precision)
+    return _datetime(text, precision or 8, high)
 
 
 def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str:

@@ -50,8 +50,7 @@ def generated_rows(
     writer = _Writer(limit, cells or fields is not None, fields)
     result, single = writer.select(root, "d0", resource_type, 1)
     if not single:  # lists of a row per element grow with the data: the rows are checked here
-        writer.emit(1, f"if len({result}) > {limit}:")
-        writer.emit(2, IRREGULAR)
+        writer.give_up_if(f"len({result}) > {limit}", 1)
     if fields is not None:  # a tuple: the cyclic GC stops tracking it and its rows at once
         result = f"({result},)" if single else f"tuple({result})"
     elif single:
@@ -94,8 +93,14 @@ class _Writer:
         self.constants[name] = value
         return name
 
-    def emit(self, indent: int, line: str) -> None:
+    def emit(self, indent: int, line: str, *block: str) -> None:
+        """Add ``line``, then ``block``'s lines one level deeper."""
         self.lines.append("    " * indent + line + "\n")
+        self.lines += ["    " * (indent + 1) + inner + "\n" for inner in block]
+
+    def give_up_if(self, test: str, indent: int) -> None:
+        """Code returning None (data not shaped as planned) where ``test`` holds."""
+        self.emit(indent, f"if {test}:", IRREGULAR)
 
     def member(self, value: str, key: str, default: str = "") -> str:
         """Code reading ``value``'s member ``key`` (None where missing, else ``default``)."""
@@ -121,14 +126,12 @@ class _Writer:
                 found = self.walk(plan.operations[:-1], focus, indent)
             self.built(self.grouped(found, key, at, indent), text, rows, select, plan.path)
             if select.iteration == "forEachOrNull":
-                self.emit(indent, f"if not {rows}:")
-                self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
+                self.emit(indent, f"if not {rows}:", f"{rows} = [{self.constant(null_row)}]")
             return rows, False
         found = self.walk(plan.operations, focus, indent)
         # over nothing (often: a coding of a system not there) one null row
         if select.iteration == "forEachOrNull":
-            self.emit(indent, f"if not {found}:")
-            self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
+            self.emit(indent, f"if not {found}:", f"{rows} = [{self.constant(null_row)}]")
             self.emit(indent, "else:")
             indent += 1
         # the elements a where keeps were checked as objects of that type as it read them
@@ -143,8 +146,7 @@ class _Writer:
         if part != rows:
             self.emit(indent + 1, f"{rows} += {part}")
         # rows of rows: checked as they grow
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
-        self.emit(indent + 2, IRREGULAR)
+        self.give_up_if(f"len({rows}) > {self.limit}", indent + 1)
         return rows, False
 
     def rows_at(
@@ -172,18 +174,17 @@ class _Writer:
         size = f"len({lists[0]})" if len(lists) == 1 else self.name("n")
         if len(lists) > 1:  # the product's size tells which lists give more than one row
             self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
-        self.emit(indent, f"if {size} == 1:")
-        self.emit(indent + 1, f"{rows}.append({row})" if into else f"{rows} = [{row}]")
+        self.emit(
+            indent, f"if {size} == 1:", f"{rows}.append({row})" if into else f"{rows} = [{row}]"
+        )
         if len(lists) > 1:  # no rows where a list has none (below, every list has one or more)
-            self.emit(indent, f"elif not {size}:")
-            self.emit(indent + 1, "pass" if into else f"{rows} = []")
+            self.emit(indent, f"elif not {size}:", "pass" if into else f"{rows} = []")
         for several in lists:  # one list of rows, one from each other (the usual case): no product
             self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
             self.joined(parts, several, rows, indent + 1, into is None)
         # one list of rows is no longer than the limit; a product of several may be
         if len(lists) > 1:
-            self.emit(indent, f"elif {size} > {self.limit}:")
-            self.emit(indent + 1, IRREGULAR)
+            self.emit(indent, f"elif {size} > {self.limit}:", IRREGULAR)
             self.emit(indent, "else:")
             each = {part: self.name("p") for part in lists}
             if into is None:
@@ -215,8 +216,7 @@ class _Writer:
         joined.insert(1 if ends else 0, element)
         if new:
             self.emit(indent, f"{rows} = []")
-        self.emit(indent, f"for {element} in {several}:")
-        self.emit(indent + 1, f"{rows}.append({' + '.join(joined)})")
+        self.emit(indent, f"for {element} in {several}:", f"{rows}.append({' + '.join(joined)})")
 
     def column(self, column: Any, focus: str, path: TypePath, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
@@ -231,33 +231,31 @@ class _Writer:
             if step:
                 self.emit(indent, f"if {value} is not None:")
             if step and self.fields is not None:  # a struct's member may be a list of structs
-                self.emit(indent + 1, f"if type({value}) is list:")
-                self.emit(indent + 2, IRREGULAR)
+                self.give_up_if(f"type({value}) is list", indent + 1)
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
             default = ", ''" if self.cells and step == len(plan.operations) - 1 else ""
             read = self.member(value if step else focus, key, default)
             self.emit(indent + min(step, 1), f"{value} = {read}")
         if self.fields is not None:  # values as decoded; a chain that ended early: no cell
             if len(plan.operations) > 1:
-                self.emit(indent, f"if {value} is None:")
-                self.emit(indent + 1, f"{value} = ''")
+                self.emit(indent, f"if {value} is None:", f"{value} = ''")
         elif self.cells:
             self.as_cell(value, indent)
         else:
-            self.emit(indent, f"if type({value}) not in KEPT:")
-            self.emit(indent + 1, IRREGULAR)
+            self.give_up_if(f"type({value}) not in KEPT", indent)
         return value
 
     def as_cell(self, value: str, indent: int) -> None:
         """Code making a ``PARSED`` value its CSV cell, giving up at any other type."""
         self.emit(indent, f"if type({value}) is not str:")
         for test, cell in (("is None", "''"), ("is True", "'true'"), ("is False", "'false'")):
-            self.emit(indent + 1, f"{'if' if test == 'is None' else 'elif'} {value} {test}:")
-            self.emit(indent + 2, f"{value} = {cell}")
-        self.emit(indent + 1, f"elif type({value}) is int:")
-        self.emit(indent + 2, f"{value} = str({value})")
-        self.emit(indent + 1, "else:")
-        self.emit(indent + 2, IRREGULAR)
+            self.emit(
+                indent + 1,
+                f"{'if' if test == 'is None' else 'elif'} {value} {test}:",
+                f"{value} = {cell}",
+            )
+        self.emit(indent + 1, f"elif type({value}) is int:", f"{value} = str({value})")
+        self.emit(indent + 1, "else:", IRREGULAR)
 
     def built(
         self,
@@ -322,8 +320,7 @@ class _Writer:
         one = f"type({child}) is dict and ({planned})"
         if self.fields is not None:
             one = f"type({child}) not in LISTED"
-        self.emit(indent, f"if {one}:")
-        self.emit(indent + 1, f"{inner} = {self.member(child, inner_key)}")
+        self.emit(indent, f"if {one}:", f"{inner} = {self.member(child, inner_key)}")
         self.listed(inner, kept, indent + 1)
         self.emit(indent, "else:")
         self.listed(child, (listed := self.name("e")), indent + 1)
@@ -354,11 +351,9 @@ class _Writer:
         """Code giving a member's value as a list: the data's (read only), or of 0 or 1."""
         self.emit(indent, f"if type({value}) is list:")
         if self.fields is None:  # a null in an array (a struct's lists hold none)
-            self.emit(indent + 1, f"if None in {value}:")
-            self.emit(indent + 2, IRREGULAR)
+            self.give_up_if(f"None in {value}", indent + 1)
         self.emit(indent + 1, f"{kept} = {value}")
-        self.emit(indent, "else:")
-        self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
+        self.emit(indent, "else:", f"{kept} = [] if {value} is None else [{value}]")
 
     def members(self, found: str, key: str, at: Any, indent: int, kept: str) -> None:
         """Code giving the ``key`` members of the elements of ``found`` in one list."""
@@ -366,11 +361,9 @@ class _Writer:
         _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
         if self.fields is None:
-            self.emit(indent + 2, f"if None in {child}:")
-            self.emit(indent + 3, IRREGULAR)
+            self.give_up_if(f"None in {child}", indent + 2)
         self.emit(indent + 2, f"{kept} += {child}")
-        self.emit(indent + 1, f"elif {child} is not None:")
-        self.emit(indent + 2, f"{kept}.append({child})")
+        self.emit(indent + 1, f"elif {child} is not None:", f"{kept}.append({child})")
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
         """Open a loop over ``found``, each element checked as an object of ``at``.
@@ -400,8 +393,7 @@ class _Writer:
             return
         self.checked.add((value, at, indent))
         other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
-        self.emit(indent, f"if type({value}) is not dict or {other}:")
-        self.emit(indent + 1, IRREGULAR)
+        self.give_up_if(f"type({value}) is not dict or {other}", indent)
 
 
 class _Where:

@@ -17,13 +17,15 @@ from typing import Any
 from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import SofError, ViewError
-from tasks.sof.lookup import LookupTable, in_iterations
+from tasks.sof.fhirpath_shared import MODEL
+from tasks.sof.lookup import LookupTable
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
 
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
-# None: outside).
+# None: outside). The types with an element ``patient`` (in the R4 model) refer by it; those not
+# listed (Account too) by ``subject``.
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(
         (
@@ -37,33 +39,11 @@ PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
         ),
         None,
     ),
-    # the types whose reference to the patient is their element ``patient``
-    **dict.fromkeys(
-        (
-            "AllergyIntolerance",
-            "BodyStructure",
-            "Claim",
-            "ClaimResponse",
-            "Consent",
-            "CoverageEligibilityRequest",
-            "CoverageEligibilityResponse",
-            "DetectedIssue",
-            "Device",
-            "EpisodeOfCare",
-            "ExplanationOfBenefit",
-            "FamilyMemberHistory",
-            "Immunization",
-            "ImmunizationEvaluation",
-            "ImmunizationRecommendation",
-            "MolecularSequence",
-            "NutritionOrder",
-            "RelatedPerson",
-            "SupplyDelivery",
-            "VisionPrescription",
-        ),
-        "patient.reference",
-    ),
-    "Account": "subject.reference",
+    **{
+        path.removesuffix(".patient"): "patient.reference"
+        for path in MODEL["path2Type"]
+        if re.fullmatch(r"[A-Za-z]+\.patient", path)
+    },
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
     "AppointmentResponse": "actor.where(reference.startsWith('Patient/')).reference.first()",
@@ -155,7 +135,7 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
                 must_have,
             )
         )
-    _refuse_shared_ids([(made.id, made.name) for made in groups])
+    _refuse_shared_ids(groups)
     stems = Counter(made.file_stem.casefold() for made in groups)
     return [
         replace(made, file_stem=f"{made.file_stem}-{short_group_id(made.id)}")
@@ -197,18 +177,18 @@ def _attribute_refs(group: JsonObject, group_id: str) -> list[str]:
     return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 
 
-def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
+def _refuse_shared_ids(groups: list[AttributeGroup]) -> None:
     """Refuse two groups of one id, naming each by position (from 1) and name.
 
     Why: resources reach a group by its id (the Provenance names it): two groups of one id
     cannot both get theirs; a copied group shares its name as well."""
     first_at: dict[str, int] = {}
-    for index, (group_id, name) in enumerate(groups):
-        if (first := first_at.setdefault(group_id, index)) != index:
+    for index, group in enumerate(groups):
+        if (first := first_at.setdefault(group.id, index)) != index:
             raise SofError(
-                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} "
-                f"({show_name(name)}) of the CRTDL's attributeGroups share the id "
-                f"{show_name(group_id)}; resources are routed to a group by its id: give group "
+                f"attribute groups {first + 1} ({show_name(groups[first].name)}) and {index + 1} "
+                f"({show_name(group.name)}) of the CRTDL's attributeGroups share the id "
+                f"{show_name(group.id)}; resources are routed to a group by its id: give group "
                 f"{index + 1} an id of its own in the CRTDL"
             )
 
@@ -245,11 +225,9 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     selected = [a for a in group.attributes if a in table.elements]
     skipped = [a for a in group.attributes if a not in table.elements]
     for attribute in selected:
-        ancestors = table.ancestors(attribute)
-        if any(ancestor in selected for ancestor in ancestors):
+        if any(ancestor in selected for ancestor in table.ancestors(attribute)):
             continue
-        iterations = [table.snippet(ancestor) for ancestor in ancestors]
-        selects.append(in_iterations(_expanded(table, attribute), iterations))
+        selects.append(table.in_iterations(attribute, _expanded(table, attribute)))
     view = {
         "resourceType": "ViewDefinition",
         "name": _view_name(group.name),

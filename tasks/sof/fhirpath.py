@@ -42,20 +42,7 @@ _SEGMENT = re.compile(
     rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
-_KEYWORDS = {
-    "and",
-    "or",
-    "xor",
-    "implies",
-    "div",
-    "mod",
-    "in",
-    "contains",
-    "is",
-    "as",
-    "true",
-    "false",
-}
+_KEYWORD = re.compile("and|or|xor|implies|div|mod|in|contains|is|as|true|false")
 
 
 def compile_path(expression: str) -> Compiled:
@@ -131,7 +118,7 @@ def _step(match: re.Match[str], first: bool) -> Step | None:
     if match["where"]:
         return ("where", match["where"], match["literal"])
     member = match["member"]
-    if member in _KEYWORDS:
+    if _KEYWORD.fullmatch(member):
         return None
     if first and member[0].isupper():  # a type filter (``Patient.id``)
         return None if match["type"] else ("type", member, None)

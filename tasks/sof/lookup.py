@@ -45,12 +45,24 @@ class LookupTable:
         return list(self.elements[element_id].get("children", []))
 
     def ancestors(self, element_id: str) -> list[str]:
-        """The element's ancestors, outermost first."""
-        chain = []
+        """The element's ancestors, outermost first; none where they cycle or nest too deep.
+
+        Note: ``lookup_problems`` reports those."""
+        chain: list[str] = []
         while (parent := self.parents.get(element_id)) is not None:
+            if parent in chain or len(chain) >= MAX_ELEMENT_DEPTH:
+                return []
             chain.append(parent)
             element_id = parent
         return chain[::-1]
+
+    def in_iterations(self, element_id: str, select: JsonObject) -> JsonObject:
+        """``select`` in each ``forEach`` / ``forEachOrNull`` of the element's ancestors."""
+        for ancestor in reversed(self.ancestors(element_id)):
+            snippet = self.snippet(ancestor)
+            if iteration := {k: v for k, v in snippet.items() if k in ("forEach", "forEachOrNull")}:
+                select = {**iteration, "select": [select]}
+        return select
 
 
 def lookup_problems(path: Path) -> list[str]:
@@ -139,32 +151,12 @@ def _table_problems(table: JsonObject) -> list[str]:
                 )
             else:
                 parent_of[child] = element_id
+    in_table = LookupTable(url, table["resourceType"], elements, parent_of)
     for element_id in elements:
-        select = _in_context(elements, parent_of, element_id)
+        select = in_table.in_iterations(element_id, in_table.snippet(element_id))
         problems += _snippet_problems(url, table["resourceType"], element_id, select)
     problems += _cycle_problems(url, elements)
     return problems
-
-
-def _in_context(elements: JsonObject, parent_of: dict[str, str], element_id: str) -> Any:
-    """The element's snippet in its ancestors' iterations, as a group's view holds it.
-
-    Note: alone in a chain too deep or a cycle, which ``_cycle_problems`` reports."""
-    chain, parent = {element_id: None}, parent_of.get(element_id)
-    while parent is not None:
-        if parent in chain or len(chain) > MAX_ELEMENT_DEPTH:
-            return elements[element_id]["viewDefinition"]
-        chain[parent], parent = None, parent_of.get(parent)
-    snippets = [elements[ancestor]["viewDefinition"] for ancestor in chain]
-    return in_iterations(snippets[0], snippets[:0:-1])
-
-
-def in_iterations(select: JsonObject, ancestors: list[JsonObject]) -> JsonObject:
-    """``select`` in each ancestor's ``forEach`` / ``forEachOrNull``, outermost first."""
-    for ancestor in reversed(ancestors):
-        if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
-            select = {**iteration, "select": [select]}
-    return select
 
 
 def _cycle_problems(url: str, elements: dict[str, JsonObject]) -> list[str]:

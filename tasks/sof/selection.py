@@ -13,7 +13,7 @@ from typing import Any
 
 from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.names import show_name
-from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
+from tasks.sof.search_elements import SEARCH_ELEMENTS, Paths
 
 
 PATIENT = "Patient"
@@ -81,14 +81,17 @@ def compile_selection(
     """The group's test; a Patient group takes every Patient, as TORCH's search does."""
     if resource_type == PATIENT:
         return Selection()
-    notes = [note for f in filters if (note := _unusable(f))]
-    named = [f for f in filters if not _unusable(f)]
-    token_paths, codes, token_notes = _token_test(
-        resource_type, [f for f in named if f.get("type") == "token"]
-    )
+    named = [f for f in filters if isinstance(as_object(f).get("name"), str)]
+    notes = [
+        f"a filter that is no object with a name ({show_name(str(f))})"
+        for f in filters
+        if f not in named
+    ]
+    tokens = [f for f in named if f.get("type") == "token"]
+    token_paths, codes, token_note = _token_test(resource_type, tokens)
     dates = [f for f in named if f.get("type") == "date"]
     date, date_note = _date_test(resource_type, dates[0]) if dates else (None, None)
-    notes += token_notes + ([date_note] if date_note else [])
+    notes += [note for note in (token_note, date_note) if note]
     if reference_only:
         notes.append(
             f"includeReferenceOnly (the group takes every {resource_type} of its profile, not "
@@ -105,16 +108,9 @@ def compile_selection(
     )
 
 
-def _unusable(spec: Any) -> str | None:
-    """What is wrong with a filter TORCH would not take (no object, no name), or None."""
-    if not isinstance(as_object(spec).get("name"), str):
-        return f"a filter that is no object with a name ({show_name(str(spec))})"
-    return None
-
-
 def _token_test(
     resource_type: str, tokens: list[JsonObject]
-) -> tuple[Paths, set[tuple[str, str]], list[str]]:
+) -> tuple[Paths, set[tuple[str, str]], str | None]:
     """The token filters' elements and ``(system, code)`` pairs, or nothing and why."""
     paths: list[tuple[str, ...]] = []
     codes: set[tuple[str, str]] = set()
@@ -122,7 +118,7 @@ def _token_test(
         if not token.get("codes"):
             continue  # no code: TORCH searches without one
         name = token["name"]
-        found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
+        found = SEARCH_ELEMENTS["token"].get(name, {}).get(resource_type)
         listed = token["codes"] if isinstance(token["codes"], list) else []
         valid = [c for c in listed if all(isinstance(as_object(c).get(k), str) for k in CODING)]
         if found is None or not valid or len(valid) < len(token["codes"]):
@@ -133,14 +129,12 @@ def _token_test(
             return (
                 (),
                 set(),
-                [
-                    f"the token filter {shown}: {why}; the group takes its {resource_type}s of "
-                    "any code"
-                ],
+                f"the token filter {shown}: {why}; the group takes its {resource_type}s of "
+                "any code",
             )
         paths += [p for p in found if p not in paths]
         codes |= {(c["system"], c["code"]) for c in valid}
-    return tuple(paths), codes, []
+    return tuple(paths), codes, None
 
 
 def _shown_codes(codes: Any) -> list[str]:
@@ -154,7 +148,7 @@ def _date_test(resource_type: str, spec: JsonObject) -> tuple[DateBounds | None,
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
     shown = f"{show_name(name)} ({first} to {last})"
-    found = DATE_ELEMENTS.get(name, {}).get(resource_type)
+    found = SEARCH_ELEMENTS["date"].get(name, {}).get(resource_type)
     if (
         bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)
     ) is not None:
@@ -169,7 +163,11 @@ def _date_test(resource_type: str, spec: JsonObject) -> tuple[DateBounds | None,
 
 
 def _unknown_parameter(kind: str, name: str, resource_type: str) -> str:
-    known = known_names(TOKEN_ELEMENTS if kind == "token" else DATE_ELEMENTS, resource_type)
+    known = sorted(
+        parameter
+        for parameter, by_type in SEARCH_ELEMENTS[kind].items()
+        if resource_type in by_type
+    )
     listed = f" (known: {', '.join(known)})" if known else ""
     return (
         f"{show_name(name)} is no {kind} search parameter of {resource_type} dupflow knows{listed}"

@@ -333,7 +333,8 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     if ROW_INDEX not in json.dumps(view, default=str):
         for select in _selects(root):
             select.indexed = False
-    _check_unique(root.names)
+    if twice := [name for index, name in enumerate(root.names) if name in root.names[:index]]:
+        raise ViewDefinitionError(f"column name {twice[0]!r} is used more than once")
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
@@ -475,14 +476,6 @@ def _constants(specs: Any) -> JsonObject:
         value = spec[value_keys[0]]
         constants[spec["name"]] = Decimal(str(value)) if isinstance(value, float) else value
     return constants
-
-
-def _check_unique(names: list[str]) -> None:
-    seen: set[str] = set()
-    for name in names:
-        if name in seen:
-            raise ViewDefinitionError(f"column name {name!r} is used more than once")
-        seen.add(name)
 
 
 def _list_of(value: Any, where: str) -> list[Any]:
