@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails
 
 from config.fields import (
     ConfigModel,
@@ -81,8 +81,7 @@ class _FileRule(_RuleBase):
     @model_validator(mode="after")
     def _one_way_to_create(self) -> _FileRule:
         if {"create_if_not_exists", "add_group_if_not_exists"} <= self.model_fields_set:
-            raise PydanticCustomError(
-                "enrichment_create",
+            raise ValueError(
                 "addGroupIfNotExists and createIfNotExists are mutually exclusive; keep one "
                 "(addGroupIfNotExists names the group after the profile URL's last path segment)",
             )

@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from config.durations import Duration
 from config.fields import (
@@ -157,8 +156,7 @@ class TaskRunnerSettings(ConfigModel):
         except ValueError:
             port = None
         if has_user_info(address):  # shown by config check and in errors
-            raise PydanticCustomError(
-                "dask_address_userinfo",
+            raise ValueError(
                 "carries a user name or password; a Dask scheduler address is tcp://<host>:<port> "
                 "(or tls://, its certificates set in Dask's own configuration)",
             )
@@ -168,8 +166,7 @@ class TaskRunnerSettings(ConfigModel):
             or port is None
             or parts.path.strip("/")
         ):
-            raise PydanticCustomError(
-                "dask_address",
+            raise ValueError(
                 "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. "
                 "tcp://scheduler:8786",
             )
