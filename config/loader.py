@@ -199,14 +199,7 @@ def cached_settings(
     Prefect Secret block only in a new process. ``overrides_source`` names the overrides' origin
     in an error (a deployment's parameter).
     """
-    try:
-        return _settings_of_identity(*settings_identity(config_path, overrides))
-    except ConfigError:
-        if overrides_source == "--set":
-            raise
-        labels = {key: f"{overrides_source} {key}" for key in overrides}
-        load_settings(config_path, overrides=overrides, override_labels=labels)  # raises
-        raise
+    return _settings_of_identity(*settings_identity(config_path, overrides), overrides_source)
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
@@ -227,8 +220,10 @@ def _settings_of_identity(
     file: tuple[int, int] | None,
     overrides: tuple[tuple[str, str], ...],
     environment: str,
+    overrides_source: str,
 ) -> Settings:
-    return load_settings(config_path, overrides=dict(overrides)).settings
+    labels = {key: f"{overrides_source} {key}" for key, _ in overrides}
+    return load_settings(config_path, overrides=dict(overrides), override_labels=labels).settings
 
 
 def _display(value: object) -> str:
