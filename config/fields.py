@@ -1,7 +1,7 @@
 """What the configuration's blocks share: model, field types, problems, warnings.
 
-The field types coerce text (environment, flags, ``${VAR}``); a block reports its problems as
-one ``config_rule`` error and its warnings through the validation context (docs/development.md,
+The field types coerce text (environment, flags, ``${VAR}``); a block reports its problems at
+their key paths and its warnings through the validation context (docs/development.md,
 Configuration).
 """
 
@@ -19,9 +19,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     SecretStr,
+    ValidationError,
     ValidationInfo,
 )
-from pydantic_core import PydanticCustomError
 
 from config.yaml_bounds import yaml_shape_problem
 from tasks.core.names import CONTROL, invisible_character
@@ -56,11 +56,19 @@ def loc_path(loc: tuple[int | str, ...]) -> str:
 
 
 def raise_problems(problems: list[Problem]) -> None:
-    """Every problem of one model as a single pydantic error the loader can unpack."""
+    """Every problem of one model as a pydantic error at its key path."""
     if problems:
-        summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
-        raise PydanticCustomError(
-            "config_rule", "{summary}", {"summary": summary, "problems": list(problems)}
+        raise ValidationError.from_exception_data(
+            "config",
+            [
+                {
+                    "type": "value_error",
+                    "loc": tuple(path.split(".")) if path else (),
+                    "input": None,
+                    "ctx": {"error": message},
+                }
+                for path, message in problems
+            ],
         )
 
 
