@@ -157,11 +157,10 @@ class CrtdlPreprocessingSettings(ConfigModel):
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
-            message = (
+            raise ValueError(
                 "enrichments and enrichments_path are both set; keep either the inline rules "
                 "(enrichments) or the external file (enrichments_path)"
             )
-            raise_problems([("", message)])
         if self.enrichments_path is not None:
             rules, problems = read_enrichment_file(self.enrichments_path)
             raise_problems([("enrichments_path", problem) for problem in problems])

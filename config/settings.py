@@ -233,11 +233,10 @@ class PipelineSettings(ConfigModel):
     @classmethod
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
         if not steps:
-            message = (
+            raise ValueError(
                 "is empty; list the steps to run in order, starting with one import step, e.g. "
                 "[local_import, pseudonymizer, send]"
             )
-            raise_problems([("", message)])
         raise_problems(
             [("", problem) for problem in _step_name_problems(steps) + _step_order_problems(steps)]
         )
