@@ -12,7 +12,6 @@ from datetime import timedelta
 from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
-from pydantic_core import PydanticCustomError
 
 ACCEPTED_FORMS = (
     "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
@@ -84,19 +83,16 @@ def _validate_duration(value: object) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, str):
-        try:
-            return parse_duration(value)
-        except ValueError as error:
-            raise PydanticCustomError("duration", "{reason}", {"reason": str(error)}) from None
+        return parse_duration(value)
     if isinstance(value, bool):
-        message = "must be a duration, not true/false; {forms}"
+        message = "must be a duration, not true/false"
     elif isinstance(value, (int, float)):
         if value == 0:
             return timedelta(0)
-        message = "a bare number ({number}) is ambiguous because it has no unit; {forms}"
+        message = f"a bare number ({value}) is ambiguous because it has no unit"
     else:
-        message = "must be a duration; {forms}"
-    raise PydanticCustomError("duration", message, {"number": value, "forms": ACCEPTED_FORMS})
+        message = "must be a duration"
+    raise ValueError(f"{message}; {ACCEPTED_FORMS}")
 
 
 Duration = Annotated[

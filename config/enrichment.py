@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails
 
 from config.fields import (
     ConfigModel,
@@ -81,8 +81,7 @@ class _FileRule(_RuleBase):
     @model_validator(mode="after")
     def _one_way_to_create(self) -> _FileRule:
         if {"create_if_not_exists", "add_group_if_not_exists"} <= self.model_fields_set:
-            raise PydanticCustomError(
-                "enrichment_create",
+            raise ValueError(
                 "addGroupIfNotExists and createIfNotExists are mutually exclusive; keep one "
                 "(addGroupIfNotExists names the group after the profile URL's last path segment)",
             )
@@ -158,11 +157,10 @@ class CrtdlPreprocessingSettings(ConfigModel):
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
-            message = (
+            raise ValueError(
                 "enrichments and enrichments_path are both set; keep either the inline rules "
                 "(enrichments) or the external file (enrichments_path)"
             )
-            raise_problems([("", message)])
         if self.enrichments_path is not None:
             rules, problems = read_enrichment_file(self.enrichments_path)
             raise_problems([("enrichments_path", problem) for problem in problems])

@@ -16,7 +16,7 @@ import annotated_types
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from config.fields import join_key_path, loc_path
+from config.fields import loc_path
 from config.keys import model_at
 from tasks.core.errors import DupflowError
 from tasks.core.readable import counted
@@ -111,12 +111,9 @@ def validation_problems(
     """
     problems: list[str] = []
     for item in error.errors(include_url=False, include_input=False):
-        base = loc_path(item["loc"])
-        entries = (
-            item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
-        )
-        for relative, message in entries:
-            path = join_key_path(base, relative)
-            if not any(is_at_or_below(path, key) for key in skip):
-                problems.append(f"{path or '(top level)'}{_origin_note(path, sources)}: {message}")
+        path = loc_path(item["loc"])
+        if not any(is_at_or_below(path, key) for key in skip):
+            problems.append(
+                f"{path or '(top level)'}{_origin_note(path, sources)}: {_describe(item)}"
+            )
     return problems

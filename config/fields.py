@@ -1,7 +1,7 @@
 """What the configuration's blocks share: model, field types, problems, warnings.
 
-The field types coerce text (environment, flags, ``${VAR}``); a block reports its problems as
-one ``config_rule`` error and its warnings through the validation context (docs/development.md,
+The field types coerce text (environment, flags, ``${VAR}``); a block reports its problems at
+their key paths and its warnings through the validation context (docs/development.md,
 Configuration).
 """
 
@@ -19,9 +19,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     SecretStr,
+    ValidationError,
     ValidationInfo,
 )
-from pydantic_core import PydanticCustomError
 
 from config.yaml_bounds import yaml_shape_problem
 from tasks.core.names import CONTROL, invisible_character
@@ -56,11 +56,19 @@ def loc_path(loc: tuple[int | str, ...]) -> str:
 
 
 def raise_problems(problems: list[Problem]) -> None:
-    """Every problem of one model as a single pydantic error the loader can unpack."""
+    """Every problem of one model as a pydantic error at its key path."""
     if problems:
-        summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
-        raise PydanticCustomError(
-            "config_rule", "{summary}", {"summary": summary, "problems": list(problems)}
+        raise ValidationError.from_exception_data(
+            "config",
+            [
+                {
+                    "type": "value_error",
+                    "loc": tuple(path.split(".")) if path else (),
+                    "input": None,
+                    "ctx": {"error": message},
+                }
+                for path, message in problems
+            ],
         )
 
 
@@ -89,12 +97,10 @@ def list_from_text(value: object) -> object:
     if text.startswith("["):
         try:  # in the configuration file's bounds: the text may come from a deployment's form
             if (found := yaml_shape_problem(text)) is not None:
-                raise PydanticCustomError("list_bounds", "{problem}", {"problem": found[0]})
+                raise ValueError(found[0])
             return yaml.safe_load(text)
         except yaml.YAMLError:
-            raise PydanticCustomError(
-                "list_syntax", "is not a valid flow list; write a,b or [a, b]"
-            ) from None
+            raise ValueError("is not a valid flow list; write a,b or [a, b]") from None
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
@@ -109,11 +115,9 @@ def refuse_control_characters(path: str | None) -> str | None:
     Why: it would fail only the step that opens it.
     """
     if (code := _control_code(path or "")) is not None:
-        raise PydanticCustomError(
-            "path_control",
-            "contains the control character U+{code}, which no path should have; remove it from "
-            "the path",
-            {"code": code},
+        raise ValueError(
+            f"contains the control character U+{code}, which no path should have; remove it from "
+            "the path"
         )
     return path
 
@@ -128,7 +132,7 @@ def refuse_userinfo(url: str | None) -> str | None:
             "(username, password, set with ${VAR} or an APP_* variable)",
         )
     except CredentialsInUrlError as exc:
-        raise PydanticCustomError("url_userinfo", "{message}", {"message": str(exc)}) from None
+        raise ValueError(str(exc)) from None
     return url
 
 
@@ -149,11 +153,9 @@ def refuse_invisible_url_characters(url: str | None) -> str | None:
         if kind == CONTROL
         else ""
     )
-    raise PydanticCustomError(
-        "url_invisible",
-        "contains the {kind} {code}{hint}, which no URL may have: it would not show as what it "
-        "is; remove it where the value is set",
-        {"kind": kind, "code": code, "hint": hint},
+    raise ValueError(
+        f"contains the {kind} {code}{hint}, which no URL may have: it would not show as what it "
+        "is; remove it where the value is set"
     )
 
 
@@ -171,10 +173,9 @@ def refuse_non_http_url(url: str | None) -> str | None:
     except ValueError:
         port_ok = False
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname or not port_ok:
-        raise PydanticCustomError(
-            "url_not_http",
-            "{shown} is not an http(s) URL with a host; write it as https://host[:port][/path]",
-            {"shown": shown_url(url) if "://" in url else repr(url.split("?")[0].split("#")[0])},
+        shown = shown_url(url) if "://" in url else repr(url.split("?")[0].split("#")[0])
+        raise ValueError(
+            f"{shown} is not an http(s) URL with a host; write it as https://host[:port][/path]"
         )
     return url
 
@@ -184,11 +185,7 @@ def positive(note: str) -> AfterValidator:
 
     def check(value: timedelta) -> timedelta:
         if value <= timedelta(0):
-            raise PydanticCustomError(
-                "duration_positive",
-                "must be longer than zero; set e.g. PT30S or 30s ({key})",
-                {"key": note},
-            )
+            raise ValueError(f"must be longer than zero; set e.g. PT30S or 30s ({note})")
         return value
 
     return AfterValidator(check)
@@ -211,16 +208,13 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
     """
     text = secret.get_secret_value() if secret is not None else ""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SECRET_BYTES:
-        raise PydanticCustomError(
-            "secret_size",
+        raise ValueError(
             "is longer than 64 KB, more than any password, key or token; check what sets it",
         )
     if (code := _control_code(text)) is not None:
-        raise PydanticCustomError(
-            "secret_control",
-            "contains the control character U+{code} (a pasted line break?), which no HTTP header "
-            "may carry; remove it where the value is set",
-            {"code": code},
+        raise ValueError(
+            f"contains the control character U+{code} (a pasted line break?), which no HTTP "
+            "header may carry; remove it where the value is set"
         )
     return secret
 
@@ -237,8 +231,7 @@ def refuse_non_ascii_header_secret(secret: SecretStr | None) -> SecretStr | None
     password may be non-ASCII: its header carries Base64.
     """
     if secret is not None and not secret.get_secret_value().isascii():
-        raise PydanticCustomError(
-            "secret_not_ascii",
+        raise ValueError(
             "is not ASCII, and it is sent as an HTTP header value, which servers read as ASCII or "
             "Latin-1, so it would not match the key the service issued; give the key exactly as "
             "issued (ASCII) and check the encoding of what sets it (the file, variable or Secret "

@@ -7,7 +7,7 @@ path.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import cache
+from functools import cache, reduce
 from typing import get_args
 
 from pydantic import BaseModel, SecretStr
@@ -86,7 +86,4 @@ def value_at(settings: Settings, path: str) -> object:
     """The settings' value of a current key; of the enrichments, the effective rules."""
     if path == ENRICHMENTS_KEY:
         return settings.services.crtdl_preprocessing.rules or None
-    node: object = settings
-    for part in path.split("."):
-        node = getattr(node, part)
-    return node
+    return reduce(getattr, path.split("."), settings)

@@ -73,13 +73,26 @@ def _has_path(tree: JsonObject, path: str) -> bool:
     return node is not None and leaf in node
 
 
+# Each timing key's other shape: polling_interval_seconds and polling_interval
+_OTHER_SHAPE = LEGACY_TIMING_KEY_PATHS | {new: old for old, new in LEGACY_TIMING_KEY_PATHS.items()}
+
+
 def _set_values(
     tree: JsonObject, values: Mapping[str, tuple[str, str]], sources: dict[str, str]
 ) -> None:
+    """Set ``values`` (key: value and source) in ``tree``, over those of lower sources.
+
+    Note: a timing key's other shape from a lower source is dropped (``polling_interval_seconds``
+    in the file, APP_SERVICES_EXTRACTOR_POLLING_INTERVAL set); both shapes from one source stay
+    the error asking to delete one.
+    """
     for key, (value, source) in values.items():
         node, leaf = _parent_of(tree, key, create=True)
         node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
         sources[key] = source
+        if (other := _OTHER_SHAPE.get(key)) and other in sources and other not in values:
+            node.pop(other.rsplit(".", 1)[1])  # type: ignore[union-attr]  # its block, as above
+            del sources[other]
 
 
 def _unknown_flag_key(key: str, label: str) -> str:
@@ -90,28 +103,6 @@ def _unknown_flag_key(key: str, label: str) -> str:
         else "config/example.yaml lists every key, each under its section"
     )
     return f"{label}: unknown configuration key {key}; {hint}"
-
-
-_SOURCE_RANKS = ("file", "env ", "flag ")  # precedence, lowest first
-
-
-def _rank(source: str) -> int:
-    return next(rank for rank, prefix in enumerate(_SOURCE_RANKS) if source.startswith(prefix))
-
-
-def _drop_overridden_shapes(tree: JsonObject, raw_sources: dict[str, str]) -> None:
-    """Drop a timing key's shape that a higher source sets in the other shape.
-
-    Note: ``polling_interval_seconds`` in the file, APP_SERVICES_EXTRACTOR_POLLING_INTERVAL set:
-    the file's is overridden. Both shapes from one source stay the error asking to delete one.
-    """
-    for old, new in LEGACY_TIMING_KEY_PATHS.items():
-        ranks = [_rank(raw_sources[key]) for key in (old, new) if key in raw_sources]
-        if len(ranks) == 2 and ranks[0] != ranks[1]:
-            lower = old if ranks[0] < ranks[1] else new
-            node, leaf = _parent_of(tree, lower)
-            node.pop(leaf, None)  # type: ignore[union-attr]  # set, so its block is a mapping
-            del raw_sources[lower]
 
 
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
@@ -183,7 +174,6 @@ def _set_overrides(
     labels = {key: override_labels.get(key, f"--set {key}") for key in overrides}
     known = [key for key in overrides if key in settable_paths()]
     _set_values(tree, {key: (overrides[key], f"flag {labels[key]}") for key in known}, raw_sources)
-    _drop_overridden_shapes(tree, raw_sources)
     return [_unknown_flag_key(key, labels[key]) for key in labels if key not in settable_paths()]
 
 
@@ -199,14 +189,7 @@ def cached_settings(
     Prefect Secret block only in a new process. ``overrides_source`` names the overrides' origin
     in an error (a deployment's parameter).
     """
-    try:
-        return _settings_of_identity(*settings_identity(config_path, overrides))
-    except ConfigError:
-        if overrides_source == "--set":
-            raise
-        labels = {key: f"{overrides_source} {key}" for key in overrides}
-        load_settings(config_path, overrides=overrides, override_labels=labels)  # raises
-        raise
+    return _settings_of_identity(*settings_identity(config_path, overrides), overrides_source)
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
@@ -227,8 +210,10 @@ def _settings_of_identity(
     file: tuple[int, int] | None,
     overrides: tuple[tuple[str, str], ...],
     environment: str,
+    overrides_source: str,
 ) -> Settings:
-    return load_settings(config_path, overrides=dict(overrides)).settings
+    labels = {key: f"{overrides_source} {key}" for key, _ in overrides}
+    return load_settings(config_path, overrides=dict(overrides), override_labels=labels).settings
 
 
 def _display(value: object) -> str:

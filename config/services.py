@@ -11,7 +11,6 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
@@ -203,10 +202,9 @@ def _migrate_legacy_durations(data: JsonObject, info: ValidationInfo) -> list[Pr
 
 def _at_least_one_second(value: timedelta) -> timedelta:
     if value < timedelta(seconds=1):
-        raise PydanticCustomError(
-            "polling_interval",
-            "is {value}, below the minimum of 1 second; set it to at least PT1S (default PT5S)",
-            {"value": format_duration(value)},
+        raise ValueError(
+            f"is {format_duration(value)}, below the minimum of 1 second; set it to at least PT1S "
+            "(default PT5S)"
         )
     return value
 
@@ -222,11 +220,9 @@ def _origins_only(values: list[str]) -> list[str]:
             or parts.path not in ("", "/")
             or parts.query
         ):
-            raise PydanticCustomError(
-                "origin",
-                "'{value}' is not an origin; write scheme://host[:port], e.g. "
-                "https://files.example.org",
-                {"value": value},
+            raise ValueError(
+                f"'{value}' is not an origin; write scheme://host[:port], e.g. "
+                "https://files.example.org"
             )
     return [value.strip().rstrip("/") for value in values]
 
@@ -303,15 +299,12 @@ class FlatteningSettings(ConfigModel):
         """
         names = {name.strip().lower() for name in formats}
         if unknown := sorted(names - set(FLATTENING_FORMATS)):
-            raise PydanticCustomError(
-                "formats",
-                "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or "
-                "[csv, parquet]",
-                {"unknown": ", ".join(unknown)},
+            raise ValueError(
+                f"unknown format {', '.join(unknown)}; the formats are csv and parquet: set "
+                "formats: [csv] or [csv, parquet]"
             )
         if "csv" not in names:
-            raise PydanticCustomError(
-                "formats",
+            raise ValueError(
                 "csv is always written (a Parquet file is made from its group's CSV): set "
                 "formats: [csv, parquet], or [csv] or remove the key for CSV alone",
             )
@@ -349,9 +342,7 @@ def _s3_name(kind: str, rule: str) -> AfterValidator:
         except BotoCoreError:
             refused = True
         if refused:
-            raise PydanticCustomError(
-                "s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule}
-            )
+            raise ValueError(f"{show_name(value)} {rule}")
         return value
 
     return AfterValidator(check)

@@ -16,7 +16,6 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from config.durations import Duration
 from config.fields import (
@@ -157,8 +156,7 @@ class TaskRunnerSettings(ConfigModel):
         except ValueError:
             port = None
         if has_user_info(address):  # shown by config check and in errors
-            raise PydanticCustomError(
-                "dask_address_userinfo",
+            raise ValueError(
                 "carries a user name or password; a Dask scheduler address is tcp://<host>:<port> "
                 "(or tls://, its certificates set in Dask's own configuration)",
             )
@@ -168,8 +166,7 @@ class TaskRunnerSettings(ConfigModel):
             or port is None
             or parts.path.strip("/")
         ):
-            raise PydanticCustomError(
-                "dask_address",
+            raise ValueError(
                 "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. "
                 "tcp://scheduler:8786",
             )
@@ -236,11 +233,10 @@ class PipelineSettings(ConfigModel):
     @classmethod
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
         if not steps:
-            message = (
+            raise ValueError(
                 "is empty; list the steps to run in order, starting with one import step, e.g. "
                 "[local_import, pseudonymizer, send]"
             )
-            raise_problems([("", message)])
         raise_problems(
             [("", problem) for problem in _step_name_problems(steps) + _step_order_problems(steps)]
         )

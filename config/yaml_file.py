@@ -7,7 +7,6 @@ Secret block NAME when the file is loaded, never a parameter; ``$${X}`` stays ``
 
 from __future__ import annotations
 
-import copy
 import re
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
@@ -80,8 +79,9 @@ def read_yaml(config_path: Path) -> JsonObject:
 
     Why: the command, the job's preparation and its steps share one read (per path,
     modification time and size, in this process).
+    Note: shared, so read only: ``substitute_variables`` makes the tree that is changed.
     """
-    return copy.deepcopy(_parsed_yaml(config_path, file_identity(str(config_path))))
+    return _parsed_yaml(config_path, file_identity(str(config_path)))
 
 
 @lru_cache(maxsize=8)

@@ -5,7 +5,6 @@ Note: spec/protocols.md, "Flattening". See docs/development.md#steps.
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from collections.abc import Iterable
@@ -362,28 +361,19 @@ def join_parts(
         for key in COUNTED:
             getattr(outcome, key).update(result[key])
     refuse_empty_result(outcome)
-    written: list[tuple[Path, Path, int]] = []
+    csvs: list[GroupCsv] = []
     try:
-        for i, (view, counts) in enumerate(zip(views, outcome.groups, strict=True)):
-            name = view.group.csv_name
-            temporary = out_dir / f"{PART_PREFIX}{name}{PART_SUFFIX}"
-            written.append((temporary, out_dir / name, counts.rows))
-            with temporary.open("wb") as out:
-                header = io.StringIO(newline="")
-                CsvWriter(header).writerow(compile_view(view.view).columns)
-                out.write(header.getvalue().encode())
-                for result in results:
-                    if result["rows"][i]:
-                        with (parts_dir / result["folder"] / name).open("rb") as part:
-                            shutil.copyfileobj(part, out, COPY_CHUNK)
-                close_synced(out)
+        for i, view in enumerate(views):
+            csv = GroupCsv(out_dir, view.group.csv_name, compile_view(view.view).columns)
+            csvs.append(csv)
+            for result in results:
+                if rows := result["rows"][i]:
+                    csv.append(parts_dir / result["folder"] / csv.dest.name, rows)
     except BaseException:
-        for temporary, _, _ in written:
-            temporary.unlink(missing_ok=True)
+        for csv in csvs:
+            csv.discard()
         raise
-    for temporary, dest, rows in written:
-        temporary.replace(dest)
-        outcome.files.append(DataFile(name=dest.name, size=dest.stat().st_size, resources=rows))
+    outcome.files += [csv.finish() for csv in csvs]
     return outcome
 
 
@@ -403,6 +393,13 @@ class GroupCsv:
         for row in rows:
             self._writer.writerow(csv_cells(row))
             self.rows += 1
+
+    def append(self, part: Path, rows: int) -> None:
+        """Add a part's ``rows``, CSV rows without a header, as they are."""
+        self._stream.flush()
+        with part.open("rb") as source:
+            shutil.copyfileobj(source, self._stream.buffer, COPY_CHUNK)
+        self.rows += rows
 
     def finish(self) -> DataFile:
         close_synced(self._stream)

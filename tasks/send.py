@@ -56,8 +56,7 @@ def send(step: StepInput) -> StepResult:
     files = step.input_files()
     if mode == "direct_resource_load":
         refuse_csv_input(files)
-        reports = send_files(send_files_direct, step, [f for f in files if f.core])
-        reports += send_files(send_files_direct, step, [f for f in files if not f.core])
+        reports = send_files(send_files_direct, step, files)  # core first, as listed
         summary = {
             "transactions": sum(r["batches"] for r in reports),
             "entries": sum(r["entries"] for r in reports),
