@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 
 from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
 from tasks.clients.errors import (
@@ -214,8 +213,7 @@ class TokenSource:
                 "GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True
             )
             if response.status_code == 200:
-                # orjson: nesting is bounded
-                document = json_or_none(response.content, orjson.loads)
+                document = json_or_none(response.content)
         endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)

@@ -21,9 +21,8 @@ made, OperationOutcome texts when taken. The clients' part of the exception tree
 from __future__ import annotations
 
 import email.utils
-import json
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
 from typing import Any, TypedDict, Unpack
@@ -271,10 +270,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     return texts
 
 
-def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
-    """An answer's body parsed by ``loads``; None when it is no JSON."""
+def json_or_none(body: bytes) -> Any:
+    """An answer's body parsed by orjson (nesting bounded); None when it is no JSON."""
     try:
-        return loads(body)
+        return orjson.loads(body)
     except ValueError:
         return None
 
@@ -286,7 +285,7 @@ def json_object(
 
     Note: orjson bounds the nesting; the error never holds the body.
     """
-    document = json_or_none(response.content, orjson.loads)
+    document = json_or_none(response.content)
     if isinstance(document, dict):
         return document
     found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
