@@ -6,6 +6,7 @@ See docs/development.md#service-clients.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import ssl
@@ -25,7 +26,7 @@ from tasks.clients.errors import (
     ServiceError,
     is_transient_status,
     json_or_none,
-    naming_setting,
+    SERVICE_SETTING,
 )
 from tasks.core.json_shapes import JsonObject
 
@@ -139,19 +140,19 @@ class TokenSource:
     def __repr__(self) -> str:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
-    def access_token(self, *, rejected: str | None = None) -> str:
+    def access_token(self, *, rejected: str | None = None, setting: str | None = None) -> str:
         """Return a valid access token; pass one a service just rejected for a fresh one.
 
         Note: or the replacement another caller already fetched: one renewal per rejection, however
-        many 401s.
+        many 401s. ``setting`` (the issuer's key) is named should nothing answer at the issuer.
         """
         with self._lock:
             due = self._renew_at is not None and clock() >= self._renew_at
             if self._token is None or due or self._token == rejected:
-                self._token, self._renew_at = self._fetch()
+                self._token, self._renew_at = self._fetch(setting)
             return self._token
 
-    def _fetch(self) -> tuple[str, float | None]:
+    def _fetch(self, setting: str | None) -> tuple[str, float | None]:
         """Discover the endpoint (once) and request a token, within the source's deadline.
 
         Why: the calling request's deadline cannot cut off this other client, and the lock keeps
@@ -168,7 +169,7 @@ class TokenSource:
                 timeout=TOKEN_REQUEST_TIMEOUT,
                 headers=AS_SENT,
                 event_hooks={
-                    "request": [lambda request: request.extensions.update(watched)],
+                    "request": [functools.partial(self._prepare, watched, setting)],
                     "response": [self._bounded],
                 },
             ) as client:
@@ -191,6 +192,12 @@ class TokenSource:
         self._token_endpoint = endpoint
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
+
+    def _prepare(self, watched: JsonObject, setting: str | None, request: httpx.Request) -> None:
+        """Put a token request under the deadline; name ``setting`` on the issuer's origin."""
+        request.extensions.update(watched)
+        if setting and origin_of(request.url) == origin_of(self.issuer):
+            request.extensions[SERVICE_SETTING] = setting
 
     def _cached(self, token: JsonObject) -> tuple[str, float | None]:
         """Return the access token and when it is renewed.
@@ -373,26 +380,22 @@ class ServiceAuth(httpx.Auth):
         renewed = False
         rejected: str | None = None
         visited = {request.url}
-        issuer = None if self._tokens is None else self._tokens.issuer
-        with naming_setting(self.issuer_setting, issuer):  # a token's request
-            while True:
-                token = self._scope_credentials(request, rejected)
-                response = yield request
-                assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
-                if token is not None and response.status_code == 401 and not renewed:
-                    log.info(
-                        "%s answered 401; retrying once with a fresh OAuth token", self.service
-                    )
-                    renewed, rejected = True, token
-                    response.stream = UnreadBody(response.stream)
-                    continue
-                rejected = None
-                if response.next_request is None:
-                    return
-                request = response.next_request
-                self._check_hop(response, request.url, visited)
-                visited.add(request.url)
+        while True:
+            token = self._scope_credentials(request, rejected)
+            response = yield request
+            assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
+            if token is not None and response.status_code == 401 and not renewed:
+                log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
+                renewed, rejected = True, token
                 response.stream = UnreadBody(response.stream)
+                continue
+            rejected = None
+            if response.next_request is None:
+                return
+            request = response.next_request
+            self._check_hop(response, request.url, visited)
+            visited.add(request.url)
+            response.stream = UnreadBody(response.stream)
 
     def _check_hop(
         self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]
@@ -453,7 +456,11 @@ class ServiceAuth(httpx.Auth):
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
-        token = None if self._tokens is None else self._tokens.access_token(rejected=rejected)
+        token = (
+            None
+            if self._tokens is None
+            else self._tokens.access_token(rejected=rejected, setting=self.issuer_setting)
+        )
         if self._basic is not None:
             next(self._basic.auth_flow(request))
         if token is not None:

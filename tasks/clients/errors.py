@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import email.utils
 import ssl
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from datetime import datetime, UTC
 from typing import Any, TypedDict, Unpack
 
@@ -164,27 +164,6 @@ def nothing_answers_at(origin: str, setting: str) -> str:
         f"; nothing answers at {shown_url(origin)}: is the service running there, and is "
         f"{setting} right?"
     )
-
-
-@contextmanager
-def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """Name ``setting`` in the errors of requests to ``url``'s origin within the block.
-
-    Note: carried to ``nothing_answers``, an OAuth token's request included.
-    """
-    try:
-        yield
-    except httpx.TransportError as exc:
-        origin = httpx.URL(url or "")
-        if setting and (request := _request_of(exc)) is not None:
-            failed = request.url  # httpx.URL leaves a default port out: None
-            if (failed.scheme, failed.host, failed.port) == (
-                origin.scheme,
-                origin.host,
-                origin.port,
-            ):
-                request.extensions[SERVICE_SETTING] = setting
-        raise
 
 
 def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
