@@ -124,7 +124,9 @@ def network_error(
     exc: httpx.TransportError, *, operation: str, service: str | None
 ) -> ServiceError:
     """Turn a transport error into a ``ServiceError`` naming where and the fix."""
-    message = f"network error: {type(exc).__name__}: {exc}{where(exc)}"
+    request = _request_of(exc)
+    at = "" if request is None else f" at {shown_url(str(request.url))}"
+    message = f"network error: {type(exc).__name__}: {exc}{at}"
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
@@ -171,11 +173,6 @@ def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
         return exc.request
     except RuntimeError:  # raised before a request existed
         return None
-
-
-def where(exc: httpx.TransportError) -> str:
-    request = _request_of(exc)
-    return "" if request is None else f" at {shown_url(str(request.url))}"
 
 
 def error_from_response(
