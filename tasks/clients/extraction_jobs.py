@@ -155,7 +155,6 @@ class ExtractionJob:
     def as_json(self) -> JsonObject:
         data = dataclasses.asdict(self)
         data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
-        data["consent_audit_files"] = list(self.consent_audit_files)
         return data
 
 
