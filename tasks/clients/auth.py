@@ -332,9 +332,18 @@ class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
     def __init__(
-        self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool
+        self,
+        service: str,
+        base_url: str,
+        auth: AuthSettings | None,
+        verify: ssl.SSLContext | bool,
+        setting: str | None,
     ):
-        self.service, self.origin = service, origin_of(base_url)
+        """Scope ``auth`` to ``base_url``'s origin; errors name its key ``setting``."""
+        self.service, self.origin, self._setting = service, origin_of(base_url), setting
+        self._issuer_setting = (
+            f"{setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if setting else None
+        )
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
         self._api_key: dict[str, str] = {}  # header: key
@@ -349,8 +358,6 @@ class ServiceAuth(httpx.Auth):
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
-        # the key of the OAuth issuer, named should nothing answer there
-        self.issuer_setting: str | None = None
 
     def trust(self, origin: Origin) -> None:
         """Send the credentials to ``origin`` as well (one the configuration approved)."""
@@ -439,14 +446,21 @@ class ServiceAuth(httpx.Auth):
             operation, response.status_code, message, transient=False, service=self.service
         )
 
-    def strip_foreign_credentials(self, request: httpx.Request) -> None:
-        """Strip credentials a request to another origin carries (a request event hook).
+    def check_request(self, request: httpx.Request) -> None:
+        """Strip credentials bound for another origin; name the URL's key on the service's.
 
+        Note: a request event hook; the key is ``SERVICE_SETTING``.
         Why: a last check on every request sent, including hops httpx follows by itself when a
         caller passes ``follow_redirects=True`` (httpx would keep the API key header on those).
         """
-        if origin_of(request.url) not in self._trusted_origins:
+        origin = origin_of(request.url)
+        if origin not in self._trusted_origins:
             self._withhold(request)
+        if self._setting is not None and origin == self.origin:
+            request.extensions[SERVICE_SETTING] = self._setting
+        else:
+            # httpx hands a request's extensions on to its redirect
+            request.extensions.pop(SERVICE_SETTING, None)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
         """Attach credentials for the service's origin, strip them for any other.
@@ -459,7 +473,7 @@ class ServiceAuth(httpx.Auth):
         token = (
             None
             if self._tokens is None
-            else self._tokens.access_token(rejected=rejected, setting=self.issuer_setting)
+            else self._tokens.access_token(rejected=rejected, setting=self._issuer_setting)
         )
         if self._basic is not None:
             next(self._basic.auth_flow(request))
