@@ -165,7 +165,7 @@ def parse_crtdl(data: bytes, source: str | Path) -> JsonObject:
     """
     try:
         crtdl = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError too
         raise InvalidCrtdlError(
             f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted"
         ) from exc
