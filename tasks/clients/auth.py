@@ -6,6 +6,7 @@ See docs/development.md#service-clients.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import ssl
@@ -18,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 
 from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
 from tasks.clients.errors import (
@@ -26,7 +26,7 @@ from tasks.clients.errors import (
     ServiceError,
     is_transient_status,
     json_or_none,
-    naming_setting,
+    SERVICE_SETTING,
 )
 from tasks.core.json_shapes import JsonObject
 
@@ -140,19 +140,19 @@ class TokenSource:
     def __repr__(self) -> str:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
-    def access_token(self, *, rejected: str | None = None) -> str:
+    def access_token(self, *, rejected: str | None = None, setting: str | None = None) -> str:
         """Return a valid access token; pass one a service just rejected for a fresh one.
 
         Note: or the replacement another caller already fetched: one renewal per rejection, however
-        many 401s.
+        many 401s. ``setting`` (the issuer's key) is named should nothing answer at the issuer.
         """
         with self._lock:
             due = self._renew_at is not None and clock() >= self._renew_at
             if self._token is None or due or self._token == rejected:
-                self._token, self._renew_at = self._fetch()
+                self._token, self._renew_at = self._fetch(setting)
             return self._token
 
-    def _fetch(self) -> tuple[str, float | None]:
+    def _fetch(self, setting: str | None) -> tuple[str, float | None]:
         """Discover the endpoint (once) and request a token, within the source's deadline.
 
         Why: the calling request's deadline cannot cut off this other client, and the lock keeps
@@ -169,7 +169,7 @@ class TokenSource:
                 timeout=TOKEN_REQUEST_TIMEOUT,
                 headers=AS_SENT,
                 event_hooks={
-                    "request": [lambda request: request.extensions.update(watched)],
+                    "request": [functools.partial(self._prepare, watched, setting)],
                     "response": [self._bounded],
                 },
             ) as client:
@@ -193,6 +193,12 @@ class TokenSource:
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
+    def _prepare(self, watched: JsonObject, setting: str | None, request: httpx.Request) -> None:
+        """Put a token request under the deadline; name ``setting`` on the issuer's origin."""
+        request.extensions.update(watched)
+        if setting and origin_of(request.url) == origin_of(self.issuer):
+            request.extensions[SERVICE_SETTING] = setting
+
     def _cached(self, token: JsonObject) -> tuple[str, float | None]:
         """Return the access token and when it is renewed.
 
@@ -214,8 +220,7 @@ class TokenSource:
                 "GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True
             )
             if response.status_code == 200:
-                # orjson: nesting is bounded
-                document = json_or_none(response.content, orjson.loads)
+                document = json_or_none(response.content)
         endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)
@@ -327,9 +332,18 @@ class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
     def __init__(
-        self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool
+        self,
+        service: str,
+        base_url: str,
+        auth: AuthSettings | None,
+        verify: ssl.SSLContext | bool,
+        setting: str | None,
     ):
-        self.service, self.origin = service, origin_of(base_url)
+        """Scope ``auth`` to ``base_url``'s origin; errors name its key ``setting``."""
+        self.service, self.origin, self._setting = service, origin_of(base_url), setting
+        self._issuer_setting = (
+            f"{setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if setting else None
+        )
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
         self._api_key: dict[str, str] = {}  # header: key
@@ -344,8 +358,6 @@ class ServiceAuth(httpx.Auth):
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
-        # the key of the OAuth issuer, named should nothing answer there
-        self.issuer_setting: str | None = None
 
     def trust(self, origin: Origin) -> None:
         """Send the credentials to ``origin`` as well (one the configuration approved)."""
@@ -375,26 +387,22 @@ class ServiceAuth(httpx.Auth):
         renewed = False
         rejected: str | None = None
         visited = {request.url}
-        issuer = None if self._tokens is None else self._tokens.issuer
-        with naming_setting(self.issuer_setting, issuer):  # a token's request
-            while True:
-                token = self._scope_credentials(request, rejected)
-                response = yield request
-                assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
-                if token is not None and response.status_code == 401 and not renewed:
-                    log.info(
-                        "%s answered 401; retrying once with a fresh OAuth token", self.service
-                    )
-                    renewed, rejected = True, token
-                    response.stream = UnreadBody(response.stream)
-                    continue
-                rejected = None
-                if response.next_request is None:
-                    return
-                request = response.next_request
-                self._check_hop(response, request.url, visited)
-                visited.add(request.url)
+        while True:
+            token = self._scope_credentials(request, rejected)
+            response = yield request
+            assert isinstance(response.stream, httpx.SyncByteStream), "every client is sync"
+            if token is not None and response.status_code == 401 and not renewed:
+                log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
+                renewed, rejected = True, token
                 response.stream = UnreadBody(response.stream)
+                continue
+            rejected = None
+            if response.next_request is None:
+                return
+            request = response.next_request
+            self._check_hop(response, request.url, visited)
+            visited.add(request.url)
+            response.stream = UnreadBody(response.stream)
 
     def _check_hop(
         self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]
@@ -438,14 +446,21 @@ class ServiceAuth(httpx.Auth):
             operation, response.status_code, message, transient=False, service=self.service
         )
 
-    def strip_foreign_credentials(self, request: httpx.Request) -> None:
-        """Strip credentials a request to another origin carries (a request event hook).
+    def check_request(self, request: httpx.Request) -> None:
+        """Strip credentials bound for another origin; name the URL's key on the service's.
 
+        Note: a request event hook; the key is ``SERVICE_SETTING``.
         Why: a last check on every request sent, including hops httpx follows by itself when a
         caller passes ``follow_redirects=True`` (httpx would keep the API key header on those).
         """
-        if origin_of(request.url) not in self._trusted_origins:
+        origin = origin_of(request.url)
+        if origin not in self._trusted_origins:
             self._withhold(request)
+        if self._setting is not None and origin == self.origin:
+            request.extensions[SERVICE_SETTING] = self._setting
+        else:
+            # httpx hands a request's extensions on to its redirect
+            request.extensions.pop(SERVICE_SETTING, None)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
         """Attach credentials for the service's origin, strip them for any other.
@@ -455,7 +470,11 @@ class ServiceAuth(httpx.Auth):
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
-        token = None if self._tokens is None else self._tokens.access_token(rejected=rejected)
+        token = (
+            None
+            if self._tokens is None
+            else self._tokens.access_token(rejected=rejected, setting=self._issuer_setting)
+        )
         if self._basic is not None:
             next(self._basic.auth_flow(request))
         if token is not None:

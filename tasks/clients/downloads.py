@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httpx
-import orjson
 
 from tasks.clients.body_reads import body_pieces
 from tasks.clients.bounds import declared_size
@@ -431,7 +430,7 @@ def _check_first_line(line: bytes, url: str) -> None:
             f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check "
             "the URL"
         )
-    if not isinstance(json_or_none(line, orjson.loads), dict):
+    if not isinstance(json_or_none(line), dict):
         raise DownloadError(
             f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)"
         )

@@ -21,10 +21,9 @@ made, OperationOutcome texts when taken. The clients' part of the exception tree
 from __future__ import annotations
 
 import email.utils
-import json
 import ssl
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
+from contextlib import suppress
 from datetime import datetime, UTC
 from typing import Any, TypedDict, Unpack
 
@@ -125,7 +124,9 @@ def network_error(
     exc: httpx.TransportError, *, operation: str, service: str | None
 ) -> ServiceError:
     """Turn a transport error into a ``ServiceError`` naming where and the fix."""
-    message = f"network error: {type(exc).__name__}: {exc}{where(exc)}"
+    request = _request_of(exc)
+    at = "" if request is None else f" at {shown_url(str(request.url))}"
+    message = f"network error: {type(exc).__name__}: {exc}{at}"
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
@@ -167,37 +168,11 @@ def nothing_answers_at(origin: str, setting: str) -> str:
     )
 
 
-@contextmanager
-def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """Name ``setting`` in the errors of requests to ``url``'s origin within the block.
-
-    Note: carried to ``nothing_answers``, an OAuth token's request included.
-    """
-    try:
-        yield
-    except httpx.TransportError as exc:
-        origin = httpx.URL(url or "")
-        if setting and (request := _request_of(exc)) is not None:
-            failed = request.url  # httpx.URL leaves a default port out: None
-            if (failed.scheme, failed.host, failed.port) == (
-                origin.scheme,
-                origin.host,
-                origin.port,
-            ):
-                request.extensions[SERVICE_SETTING] = setting
-        raise
-
-
 def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
     try:
         return exc.request
     except RuntimeError:  # raised before a request existed
         return None
-
-
-def where(exc: httpx.TransportError) -> str:
-    request = _request_of(exc)
-    return "" if request is None else f" at {shown_url(str(request.url))}"
 
 
 def error_from_response(
@@ -271,10 +246,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     return texts
 
 
-def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
-    """An answer's body parsed by ``loads``; None when it is no JSON."""
+def json_or_none(body: bytes) -> Any:
+    """An answer's body parsed by orjson (nesting bounded); None when it is no JSON."""
     try:
-        return loads(body)
+        return orjson.loads(body)
     except ValueError:
         return None
 
@@ -286,7 +261,7 @@ def json_object(
 
     Note: orjson bounds the nesting; the error never holds the body.
     """
-    document = json_or_none(response.content, orjson.loads)
+    document = json_or_none(response.content)
     if isinstance(document, dict):
         return document
     found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"

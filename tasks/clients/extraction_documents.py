@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
+from tasks.clients.http import ServiceEndpoint, http_timeout
 from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
@@ -146,6 +147,17 @@ def base_url_of(settings: ExtractorSettings) -> str:
     return settings.base_url.rstrip("/")
 
 
+def endpoint_of(settings: ExtractorSettings, timeout: timedelta) -> ServiceEndpoint:
+    """Return ``services.extractor`` as an endpoint whose requests wait ``timeout``."""
+    return ServiceEndpoint(
+        SERVICE,
+        base_url_of(settings),
+        settings.auth,
+        http_timeout(timeout),
+        setting=BASE_URL_SETTING,
+    )
+
+
 def parse_crtdl(data: bytes, source: str | Path) -> JsonObject:
     """Parse the CRTDL as a JSON object, else raise ``InvalidCrtdlError``.
 
@@ -153,7 +165,7 @@ def parse_crtdl(data: bytes, source: str | Path) -> JsonObject:
     """
     try:
         crtdl = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError too
         raise InvalidCrtdlError(
             f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted"
         ) from exc

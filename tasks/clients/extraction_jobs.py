@@ -21,12 +21,11 @@ from tasks.core.json_shapes import as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import (
-    BASE_URL_SETTING,
     CRTDL_REFUSALS,
     SERVICE,
     TASK_TIMEOUT,
     ExtractionError,
-    base_url_of,
+    endpoint_of,
     job_status_of,
     progress_values,
 )
@@ -34,7 +33,6 @@ from tasks.clients.http import (
     FHIR_JSON,
     FHIR_JSON_HEADERS,
     ServiceClient,
-    ServiceEndpoint,
     http_timeout,
     without_query,
 )
@@ -157,7 +155,6 @@ class ExtractionJob:
     def as_json(self) -> JsonObject:
         data = dataclasses.asdict(self)
         data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
-        data["consent_audit_files"] = list(self.consent_audit_files)
         return data
 
 
@@ -215,11 +212,8 @@ class ExtractionTaskClient(ServiceClient):
     """The Task API and $evaluate-cohort of the server of ``services.extractor``."""
 
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
-        self.base_url = without_query(base_url_of(settings))
-        timeout = http_timeout(TASK_TIMEOUT)
-        endpoint = ServiceEndpoint(
-            SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING
-        )
+        endpoint = endpoint_of(settings, TASK_TIMEOUT)
+        self.base_url = without_query(endpoint.base_url)
         super().__init__(endpoint, tls, retry)
 
     def search(

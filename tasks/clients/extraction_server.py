@@ -25,17 +25,12 @@ from tasks.clients.errors import (
     ServiceError,
     error_from_response,
     first_bytes,
-    is_transient_network_error,
     is_transient_status,
-    network_error,
-    nothing_answers,
     operation_outcome_texts,
     parse_retry_after,
     raise_for_service_status,
-    where as failed_at,
 )
 from tasks.clients.extraction_documents import (
-    BASE_URL_SETTING,
     CRTDL_REFUSALS,
     SERVICE,
     DeadHandleError,
@@ -44,7 +39,7 @@ from tasks.clients.extraction_documents import (
     ExtractionHandle,
     ExtractionTimeoutError,
     StatusUrlMismatchError,
-    base_url_of,
+    endpoint_of,
     job_status_of,
     kickoff_parameters,
     manifest_request,
@@ -55,13 +50,11 @@ from tasks.clients.extraction_documents import (
 from tasks.clients.http import (
     FHIR_JSON_HEADERS,
     Closing,
-    ServiceEndpoint,
     build_client,
     http_timeout,
     without_query,
 )
 from tasks.clients.retry import call_once
-from tasks.core.readable import plain_text
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
 from tasks.streams.fanout import pause
 
@@ -118,13 +111,10 @@ class ExtractionServerClient(Closing):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = pause,
     ):
+        endpoint = endpoint_of(settings, min(POLL_TIMEOUT, settings.extraction_timeout))
         # its query: the endpoint's
-        self.settings, self.base_url = settings, without_query(base_url_of(settings))
+        self.settings, self.base_url = settings, without_query(endpoint.base_url)
         self.clock, self.sleep = clock, sleep
-        timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
-        endpoint = ServiceEndpoint(
-            SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING
-        )
         self.http = build_client(endpoint, tls)
         assert isinstance(self.http.auth, ServiceAuth), (
             "build_client gives every client a ServiceAuth"
@@ -207,26 +197,24 @@ class ExtractionServerClient(Closing):
         window = self.settings.extraction_timeout.total_seconds()
         deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
         where: Call = {"operation": "poll extraction status", "service": SERVICE}
-        try:
+
+        def attempt() -> httpx.Response:
             with answer_within(
                 self.http, deadline, "GET", handle.status_url, headers=STATUS_ACCEPT, **where
             ) as answer:
                 return bounded_answer(answer)
-        except httpx.TransportError as exc:
-            if not is_transient_network_error(exc):
-                raise network_error(exc, **where) from exc
-            # the URL: a status URL may name another host
-            failure = f"{type(exc).__name__}: {exc}{failed_at(exc)}{nothing_answers(exc)}"
-        except ServiceError as exc:
+
+        try:
+            return call_once(attempt, **where)
+        except ServiceError as exc:  # a network error's names the URL: it may be on another host
             if not exc.transient:
                 raise
-            failure = exc.message
-        log.warning(
-            "extractor: status poll of job %s failed (%s); polling again",
-            handle.job_id,
-            plain_text(failure),
-        )
-        return None
+            log.warning(
+                "extractor: status poll of job %s failed (%s); polling again",
+                handle.job_id,
+                exc.message,
+            )
+            return None
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
         status = response.status_code

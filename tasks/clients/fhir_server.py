@@ -249,7 +249,7 @@ def checked_transaction_response(answer: Answer, sent: int) -> JsonObject:
 
     Note: raises ``TransactionRejected``.
     """
-    bundle = json_or_none(answer.body, orjson.loads)
+    bundle = json_or_none(answer.body)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))

@@ -64,7 +64,7 @@ class Flattener:
                 hint=NOT_A_SERVICE_HINT,
                 deadline=deadline,
             )
-        if not lists_view_run(json_or_none(content, orjson.loads)):
+        if not lists_view_run(json_or_none(content)):
             raise StepError(
                 f"{redact(self.client.endpoint.base_url)} is not a flattening service: its "
                 f"{METADATA_PATH} lists no $run operation on ViewDefinition (check "

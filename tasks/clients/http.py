@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Self
 import certifi
 import httpx
 
-from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
+from tasks.clients.auth import AS_SENT, ServiceAuth, compressed_answer
 from tasks.clients.bounds import MB, Deadline, answer_within, answered, read_answer
-from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
+from tasks.clients.errors import Call, ServiceError, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.core.json_shapes import JsonObject
 from tasks.core.url_credentials import shown_url
@@ -76,10 +76,6 @@ class ServiceEndpoint:
     """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing
 answer there."""
 
-    @property
-    def issuer_setting(self) -> str | None:
-        return f"{self.setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if self.setting else None
-
 
 def without_query(url: str) -> str:
     """Return a service URL without its query and fragment, to join request paths to.
@@ -121,13 +117,9 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
 
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     verify = ssl_verify(tls, purpose=endpoint.name)
-    auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
-    auth.issuer_setting = endpoint.issuer_setting
+    auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify, endpoint.setting)
     hooks: dict[str, list[Callable[..., Any]]] = {
-        "request": [
-            auth.strip_foreign_credentials,
-            functools.partial(name_setting, endpoint, auth.origin),
-        ],
+        "request": [auth.check_request],
         "response": [functools.partial(refuse_compressed, endpoint)],
     }
     return httpx.Client(
@@ -141,18 +133,6 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
         event_hooks=hooks,
     )
-
-
-def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
-    """Name the URL's key (``SERVICE_SETTING``) on requests to the service's origin.
-
-    Note: a request event hook.
-    """
-    if endpoint.setting is not None and origin_of(request.url) == origin:
-        request.extensions[SERVICE_SETTING] = endpoint.setting
-    else:
-        # httpx hands a request's extensions on to its redirect
-        request.extensions.pop(SERVICE_SETTING, None)
 
 
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:

@@ -47,17 +47,15 @@ class EntryTooLargeError(PseudonymizationError):
     """One Bundle entry alone does not fit in a request below the split threshold."""
 
     def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int):
-        self.entry_label, self.index = resource_label(entry), index
-        self.size, self.threshold_bytes = size, threshold_bytes
         fields = (
             " and the Bundle's own fields (all but its entries, sent with every chunk) "
             f"{overhead / MB:.1f} MB:"
         )
         together = f"{fields} together more than" if size <= threshold_bytes else ", larger than"
         super().__init__(
-            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split "
-            f"threshold of {threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
-            "services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, "
+            f"Bundle entry {index} ({resource_label(entry)}) is {size / MB:.1f} MB{together} "
+            f"the split threshold of {threshold_bytes // MB} MB, so it cannot be sent on its own; "
+            "raise services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, "
             f"{BODY_LIMIT}"
         )
 

@@ -250,7 +250,7 @@ def as_operation_outcome(content: bytes) -> JsonObject | None:
 
     Note: redacted for reports, logs and artifacts.
     """
-    answer = json_or_none(content, orjson.loads)
+    answer = json_or_none(content)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
     redacted: JsonObject = redact_strings(answer)
