@@ -15,20 +15,18 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
-    FlowRunFilterTags,
     TaskRunFilter,
     TaskRunFilterState,
     TaskRunFilterStateType,
 )
 from prefect.client.schemas.objects import FlowRun, StateType, State
-from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
 from prefect.states import Cancelled, Crashed, Pending
 
 from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.job_stop import CANCELLED_ON_SERVER
-from flows.pipeline import pipeline
+from flows.pipeline import newest_job_run, pipeline
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -74,11 +72,7 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> J
     Note: a new run when this server has none of the job's.
     """
     with get_client(sync_client=True) as client:
-        # a copy has its own
-        tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
-        sort = FlowRunSort.EXPECTED_START_TIME_DESC
-        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags), sort=sort, limit=1)
-        run = found[0] if found else None
+        run = newest_job_run(client, paths)
         # a lost database, another home, a copy, or a job from before
         if run is None or run.deployment_id is None:
             said = (

@@ -13,11 +13,11 @@ from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, runtime
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.exceptions import Pause, PrefectSignal
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import AwaitingRetry, Completed, Suspended
 from prefect.utilities.annotations import quote
 
@@ -48,7 +48,7 @@ from tasks.job.contract import (
     stored_in_job,
 )
 from tasks.job.filework import file_runner
-from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
+from tasks.job.layout import JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import FAILED, counts_text, read_facts, record_facts
 
 
@@ -181,11 +181,9 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
     Why: one job is one flow run; a second one finished the job, the first stayed Suspended with its
     Resume.
     """
-    own = FlowRunFilterTags(all_=[job_tag(job.job_id), directory_tag(job.paths.job_dir)])
     with get_client(sync_client=True) as client:
-        newest = FlowRunSort.EXPECTED_START_TIME_DESC
-        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
-        if not found or str((run := found[0]).id) == str(runtime.flow_run.id):
+        run = newest_job_run(client, job.paths)
+        if run is None or str(run.id) == str(runtime.flow_run.id):
             return None
         said = f"job {job.job_id} goes on in its own flow run {run.id}"
         if run.state is not None and run.state.is_paused():
@@ -195,6 +193,17 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
         elif run.state is None or run.state.is_final():
             client.set_flow_run_state(run.id, AwaitingRetry(), force=True)
     return Completed(message=said)
+
+
+def newest_job_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
+    """The newest flow run of the job's directory (tags ``job-<id>``, ``dir-<digest>``).
+
+    Note: a copy of the job has its own.
+    """
+    own = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
+    newest = FlowRunSort.EXPECTED_START_TIME_DESC
+    found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
+    return found[0] if found else None
 
 
 def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
