@@ -98,14 +98,9 @@ class JobRecordCard:
         self._state, self._message = state, message
         self.refresh()
 
-    def note(self, results: list[StepResult]) -> None:
-        """These steps, shown at the next ``refresh``."""
-        self._results = list(results)
-
-    def note_failure(self, results: list[StepResult], exc: BaseException) -> None:
-        """The failed step's cause, shown at the next ``refresh``."""
-        self.note(results)
-        self._failed = exc
+    def note(self, results: list[StepResult], failed: BaseException | None = None) -> None:
+        """These steps and the next one's failure, if any, shown at the next ``refresh``."""
+        self._results, self._failed = list(results), failed
 
     def refresh(self) -> None:
         """Publish the record as it stands.

@@ -314,7 +314,7 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         except PrefectSignal:
             raise
         except BaseException as exc:
-            card.note_failure(results, exc)  # published with the job's ended state
+            card.note(results, exc)  # published with the job's ended state
             raise
         release_free_memory()
         results.append(result)
