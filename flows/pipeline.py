@@ -21,11 +21,10 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import AwaitingRetry, Completed, Suspended
 from prefect.utilities.annotations import quote
 
-from config.settings import Settings
 from flows.gates import run_gate
 from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
-from flows.job_card import JobRecordCard, job_summary, publish_step_table
+from flows.job_card import JobRecordCard, publish_step_table
 from flows.job_state import JobLock, suspended_message
 from flows.jobs import (
     Job,
@@ -224,18 +223,17 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
     """
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
-    summary = job_summary(job, results)
-    message = completed_message(job.settings, results[-1], summary["output_dir"])
-    state: State[Any] = Completed(message=message, data=summary)
+    state: State[Any] = Completed(message=completed_message(job, results[-1]))
     card.set_state(state.name or "", state.message or "")
     return state
 
 
-def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
+def completed_message(job: Job, last: StepResult) -> str:
     """Say where a completed job's data went: a send's target, else the last folder."""
+    output_dir = job.paths.job_dir / last.folder
     if last.step != "send":
         return f"outputs in {output_dir}"
-    send = settings.services.send
+    send = job.settings.services.send
     where = (
         f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
     )
