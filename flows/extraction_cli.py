@@ -38,16 +38,10 @@ from tasks.core.readable import plain_text
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-CONTROL_HELP = {
-    "pause": "pause a running job",
-    "resume": "resume a paused job",
-    "cancel": "cancel a job",
-}
-DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
-ALREADY_WORDS = {
-    "pause": "already paused",
-    "resume": "already running",
-    "cancel": "already cancelled",
+CONTROLS = {  # an operation: its help, what it did, why it changed nothing
+    "pause": ("pause a running job", "paused", "already paused"),
+    "resume": ("resume a paused job", "resumed", "already running"),
+    "cancel": ("cancel a job", "cancelled", "already cancelled"),
 }
 
 
@@ -94,7 +88,7 @@ def register_extraction(
     )
     show.set_defaults(command=command(cmd_show))
 
-    for operation, text in CONTROL_HELP.items():
+    for operation, (text, _, _) in CONTROLS.items():
         control = sub.add_parser(operation, parents=[common, job_ref], help=text)
         control.set_defaults(command=command(cmd_control), operation=operation)
 
@@ -284,7 +278,8 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         verb = "priority set to" if result.changed else "priority already"
         print(f"extraction job {shown(job.id)}: {verb} {job.priority} (status {shown(job.status)})")
     else:
-        verb = DONE_WORDS[operation] if result.changed else ALREADY_WORDS[operation]
+        _, done, already = CONTROLS[operation]
+        verb = done if result.changed else already
         print(f"extraction job {shown(job.id)}: {verb} (status {shown(job.status)})")
     return EXIT_OK
 
@@ -374,7 +369,7 @@ def age(timestamp: object) -> str:
     if not timestamp or not isinstance(timestamp, str):
         return "-"
     try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(timestamp)
     except ValueError:
         return "-"
     if moment.tzinfo is None:

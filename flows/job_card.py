@@ -40,19 +40,6 @@ STEP_TABLE_ROWS = 1000
 STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")
 
 
-def job_summary(job: Job, results: list[StepResult]) -> JsonObject:
-    finished = [r for r in results if not r.awaiting]
-    return {
-        "job_id": job.job_id,
-        "job_dir": str(job.paths.job_dir),
-        "output_dir": str(job.paths.job_dir / finished[-1].folder) if finished else None,
-        "steps": [
-            {"step": r.step, "folder": r.folder, "files": len(r.files), "awaiting": r.awaiting}
-            for r in results
-        ],
-    }
-
-
 def publish_step_table(job: Job, result: StepResult) -> None:
     rows = step_table_rows(result.files)
     create_table_artifact(
@@ -98,14 +85,9 @@ class JobRecordCard:
         self._state, self._message = state, message
         self.refresh()
 
-    def note(self, results: list[StepResult]) -> None:
-        """These steps, shown at the next ``refresh``."""
-        self._results = list(results)
-
-    def note_failure(self, results: list[StepResult], exc: BaseException) -> None:
-        """The failed step's cause, shown at the next ``refresh``."""
-        self.note(results)
-        self._failed = exc
+    def note(self, results: list[StepResult], failed: BaseException | None = None) -> None:
+        """These steps and the next one's failure, if any, shown at the next ``refresh``."""
+        self._results, self._failed = list(results), failed
 
     def refresh(self) -> None:
         """Publish the record as it stands.

@@ -6,7 +6,6 @@ See docs/development.md#the-jobs-flow-run and docs/operations.md.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
@@ -15,20 +14,18 @@ from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import (
     FlowRunFilter,
     FlowRunFilterId,
-    FlowRunFilterTags,
     TaskRunFilter,
     TaskRunFilterState,
     TaskRunFilterStateType,
 )
 from prefect.client.schemas.objects import FlowRun, StateType, State
-from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
 from prefect.states import Cancelled, Crashed, Pending
 
 from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.job_stop import CANCELLED_ON_SERVER
-from flows.pipeline import pipeline
+from flows.pipeline import newest_job_run, pipeline
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -44,15 +41,7 @@ DESCRIPTION = (
 )
 
 
-@dataclass(frozen=True)
-class JobRun:
-    """The flow run to execute, and what became of the job's earlier run."""
-
-    flow_run: FlowRun
-    said: str
-
-
-def new_job_run(job_id: str, paths: JobPaths, parameters: JsonObject, said: str = "") -> JobRun:
+def new_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> FlowRun:
     with get_client(sync_client=True) as client:
         deployment_id = client.create_deployment(  # an upsert: the same deployment every time
             flow_id=client.create_flow(pipeline),
@@ -65,36 +54,31 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: JsonObject, said: str 
         run = client.create_flow_run_from_deployment(
             deployment_id, parameters=parameters, name=job_id, tags=tags, state=Pending()
         )
-    return JobRun(run, said)
+    return run
 
 
-def continued_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> JobRun:
-    """Make the job's run ready to go on in this process.
+def continued_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> FlowRun:
+    """Make the job's run ready to go on in this process; say what became of it.
 
     Note: a new run when this server has none of the job's.
     """
     with get_client(sync_client=True) as client:
-        # a copy has its own
-        tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
-        sort = FlowRunSort.EXPECTED_START_TIME_DESC
-        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags), sort=sort, limit=1)
-        run = found[0] if found else None
+        run = newest_job_run(client, paths)
         # a lost database, another home, a copy, or a job from before
         if run is None or run.deployment_id is None:
-            said = (
-                "its flow run is not on this Prefect server (or is from before jobs had one run): "
-                "a new run takes"
+            print(
+                f"job {job_id}: its flow run is not on this Prefect server (or is from before jobs "
+                "had one run): a new run takes every finished step from the job folder"
             )
-            return new_job_run(
-                job_id, paths, parameters, f"{said} every finished step from the job folder"
-            )
+            return new_job_run(job_id, paths, parameters)
         reset = reset_parameters(client, run, parameters)
         end_attempt(client, run.id, datetime.now(UTC))
         # this process holds the job's lock: none runs it
         client.set_flow_run_state(
             run.id, Pending(name=RETRIED, message="continued from the command line"), force=True
         )
-        return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
+        print(f"job {job_id}: {reset}going on in its flow run {run.id}")
+        return client.read_flow_run(run.id)
 
 
 def end_attempt(client: SyncPrefectClient, run_id: UUID, before: datetime) -> None:

@@ -163,7 +163,7 @@ def latest_runs(directories: dict[str, str]) -> dict[str, JsonObject]:
 
 def run_state(run: JsonObject | None) -> str | None:
     """A run's state name, made plain (any API client may name one); None for no run."""
-    name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
+    name = (run or {}).get("state_name")  # the server's copy of its state's name
     return plain_text(str(name)) if name else None
 
 

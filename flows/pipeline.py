@@ -13,19 +13,18 @@ from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger, runtime
-from prefect.client.orchestration import get_client
+from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.exceptions import Pause, PrefectSignal
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import AwaitingRetry, Completed, Suspended
 from prefect.utilities.annotations import quote
 
-from config.settings import Settings
 from flows.gates import run_gate
 from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
-from flows.job_card import JobRecordCard, job_summary, publish_step_table
+from flows.job_card import JobRecordCard, publish_step_table
 from flows.job_state import JobLock, suspended_message
 from flows.jobs import (
     Job,
@@ -48,7 +47,7 @@ from tasks.job.contract import (
     stored_in_job,
 )
 from tasks.job.filework import file_runner
-from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
+from tasks.job.layout import JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import FAILED, counts_text, read_facts, record_facts
 
 
@@ -181,11 +180,9 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
     Why: one job is one flow run; a second one finished the job, the first stayed Suspended with its
     Resume.
     """
-    own = FlowRunFilterTags(all_=[job_tag(job.job_id), directory_tag(job.paths.job_dir)])
     with get_client(sync_client=True) as client:
-        newest = FlowRunSort.EXPECTED_START_TIME_DESC
-        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
-        if not found or str((run := found[0]).id) == str(runtime.flow_run.id):
+        run = newest_job_run(client, job.paths)
+        if run is None or str(run.id) == str(runtime.flow_run.id):
             return None
         said = f"job {job.job_id} goes on in its own flow run {run.id}"
         if run.state is not None and run.state.is_paused():
@@ -195,6 +192,17 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
         elif run.state is None or run.state.is_final():
             client.set_flow_run_state(run.id, AwaitingRetry(), force=True)
     return Completed(message=said)
+
+
+def newest_job_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
+    """The newest flow run of the job's directory (tags ``job-<id>``, ``dir-<digest>``).
+
+    Note: a copy of the job has its own.
+    """
+    own = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
+    newest = FlowRunSort.EXPECTED_START_TIME_DESC
+    found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
+    return found[0] if found else None
 
 
 def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
@@ -215,18 +223,17 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
     """
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
-    summary = job_summary(job, results)
-    message = completed_message(job.settings, results[-1], summary["output_dir"])
-    state: State[Any] = Completed(message=message, data=summary)
+    state: State[Any] = Completed(message=completed_message(job, results[-1]))
     card.set_state(state.name or "", state.message or "")
     return state
 
 
-def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
+def completed_message(job: Job, last: StepResult) -> str:
     """Say where a completed job's data went: a send's target, else the last folder."""
+    output_dir = job.paths.job_dir / last.folder
     if last.step != "send":
         return f"outputs in {output_dir}"
-    send = settings.services.send
+    send = job.settings.services.send
     where = (
         f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
     )
@@ -305,7 +312,7 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         except PrefectSignal:
             raise
         except BaseException as exc:
-            card.note_failure(results, exc)  # published with the job's ended state
+            card.note(results, exc)  # published with the job's ended state
             raise
         release_free_memory()
         results.append(result)

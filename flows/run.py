@@ -370,11 +370,9 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: JsonObject | None) -> 
             run = job_runs.new_job_run(job.job_id, paths, parameters)
         else:
             run = job_runs.continued_job_run(job.job_id, paths, parameters)
-        if run.said:
-            print(f"job {job.job_id}: {run.said}")
         end_start_up()
         try:
-            return job_runs.execute(run.flow_run, parameters)
+            return job_runs.execute(run, parameters)
         except TerminationSignal as exc:
             raise KeyboardInterrupt from exc
 

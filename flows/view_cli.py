@@ -11,9 +11,9 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from config.runtime import CLI
 from flows.terminal import print_stderr
@@ -95,7 +95,8 @@ def cmd_view_run(args: argparse.Namespace) -> int:
         elif args.format == "csv":
             write_csv(view, resources, sys.stdout)
         else:
-            for row in view_rows(view, resources):
+            # lines with no resource of the view's type go unparsed
+            for row in read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES)):
                 sys.stdout.write(
                     json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n"
                 )
@@ -145,8 +146,3 @@ def print_parquet(view: CompiledView, definition: JsonObject, resources: Path) -
         write_parquet(csv_path, definition, parquet_path)
         with open(parquet_path, "rb") as parquet:
             shutil.copyfileobj(parquet, sys.stdout.buffer)
-
-
-def view_rows(view: CompiledView, resources: Path) -> Iterator[tuple[Any, ...]]:
-    """The view's rows over the file; lines with no resource of its type go unparsed."""
-    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))
