@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable, within_deadlines
 from tasks.clients.errors import (
     MAX_TEXT_CHARS,
     ServiceError,
@@ -159,20 +159,21 @@ class TokenSource:
         other callers waiting.
         """
         deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
-        watched = deadline.watch()
         try:
-            with oauth2_client_class()(
-                client_id=self.client_id,
-                client_secret=self._client_secret,
-                token_endpoint_auth_method="client_secret_post",
-                verify=self._verify,
-                timeout=TOKEN_REQUEST_TIMEOUT,
-                headers=AS_SENT,
-                event_hooks={
-                    "request": [lambda request: request.extensions.update(watched)],
-                    "response": [self._bounded],
-                },
-            ) as client:
+            with (
+                deadline.bounding(),
+                within_deadlines(
+                    oauth2_client_class()(
+                        client_id=self.client_id,
+                        client_secret=self._client_secret,
+                        token_endpoint_auth_method="client_secret_post",
+                        verify=self._verify,
+                        timeout=TOKEN_REQUEST_TIMEOUT,
+                        headers=AS_SENT,
+                        event_hooks={"response": [self._bounded]},
+                    )
+                ) as client,
+            ):
                 client.register_compliance_hook(
                     "access_token_response", self._raise_for_token_error
                 )
@@ -187,8 +188,6 @@ class TokenSource:
                 f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
             )
             raise self._refused(message) from None
-        finally:
-            deadline.release()
         self._token_endpoint = endpoint
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)

@@ -1,0 +1,76 @@
+"""Kept-alive connections: calls share them, and each call's deadline holds on a reused one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import orjson
+import pytest
+
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_server import ExtractionServerClient
+from tasks.clients.flattener import Flattener
+from tasks.clients.http import ServiceClient, ServiceEndpoint
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.flattener import FlattenerHandler, FlattenerState
+from tests.support.extraction import CRTDL, extractor_settings
+from tests.support.pseudonymization import open_service, patient
+
+PATIENT_IDS = orjson.dumps(
+    {"resourceType": "ViewDefinition", "resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}
+)
+ONE_ATTEMPT = RetrySettings(max_attempts=1, initial_backoff_ms=1, max_backoff_ms=1)
+
+
+def test_sequential_calls_to_the_pseudonymizer_share_one_connection(pseudonymizer_fake):
+    before = pseudonymizer_fake.connections
+    with open_service(pseudonymizer_fake) as service:
+        for i in range(50):
+            service.pseudonymize(orjson.dumps(patient(i)), patient(i))
+    assert len(pseudonymizer_fake.state.requests) == 50
+    assert pseudonymizer_fake.connections - before == 1
+
+
+def test_concurrent_calls_to_the_pseudonymizer_open_at_most_one_connection_each(pseudonymizer_fake):
+    before = pseudonymizer_fake.connections
+    with open_service(pseudonymizer_fake) as service:
+
+        def calls(first: int) -> None:
+            for i in range(first, first + 25):
+                service.pseudonymize(orjson.dumps(patient(i)), patient(i))
+
+        threads = [threading.Thread(target=calls, args=(25 * n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(pseudonymizer_fake.state.requests) == 100
+    assert 1 <= pseudonymizer_fake.connections - before <= 4
+
+
+def test_a_server_dripping_its_headers_on_a_reused_connection_is_cut_off_at_the_deadline():
+    with LoopbackServer(FlattenerHandler, FlattenerState()) as server:
+        endpoint = ServiceEndpoint("flattening", server.base_url)
+        with ServiceClient(endpoint, TlsSettings(), ONE_ATTEMPT) as client:
+            service = Flattener(client, deadline=timedelta(seconds=1))
+            assert list(service.run(PATIENT_IDS, [orjson.dumps(patient(1))])) == [{"id": "p1"}]
+            server.state.drip_header_seconds = 0.3  # its headers would take about a minute
+            started = time.monotonic()
+            with pytest.raises(ServiceError, match=r"no complete answer from \S+ within 1 s, the deadline"):
+                list(service.run(PATIENT_IDS, [orjson.dumps(patient(2))]))
+            assert time.monotonic() - started < 10
+        assert server.connections == 1  # the second call went on the first one's connection
+
+
+def test_an_extraction_kick_off_never_goes_on_a_connection_another_call_left_open():
+    kicked_off = Reply(202, {"Content-Location": "http://127.0.0.1/fhir/__status/job-1"}, b"")
+    with LoopbackServer(EchoHandler, EchoState(replies=[kicked_off, kicked_off])) as server:
+        with ExtractionServerClient(extractor_settings(server.base_url), TlsSettings()) as client:
+            client.submit(CRTDL)
+            client.submit(CRTDL)
+        assert [request.headers["connection"] for request in server.state.requests] == ["close", "close"]
+        assert server.connections == 2
