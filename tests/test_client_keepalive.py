@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -10,6 +12,7 @@ import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
+from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.flattener import Flattener
@@ -74,3 +77,37 @@ def test_an_extraction_kick_off_never_goes_on_a_connection_another_call_left_ope
             client.submit(CRTDL)
         assert [request.headers["connection"] for request in server.state.requests] == ["close", "close"]
         assert server.connections == 2
+
+
+def test_a_server_that_never_reads_the_body_is_cut_off_at_the_deadline():
+    with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel takes the connection; none reads
+        endpoint = ServiceEndpoint("validation", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        deadline = functools.partial(Deadline, 1.0, "a test's deadline")
+        started = time.monotonic()
+        with ServiceClient(endpoint, TlsSettings(), ONE_ATTEMPT) as client:
+            with pytest.raises(ServiceError, match=r"within 1 s, the deadline of one request \(a test's deadline"):
+                client.request("POST", "/validate", operation="validate", deadline=deadline, body=b"x" * 64 * MB)
+        assert time.monotonic() - started < 10
+
+
+def test_a_server_reading_the_body_slowly_is_cut_off_near_the_deadline():
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def read_slowly() -> None:  # about 300 KB/s, always some: the body would take a minute
+            connection, _ = listener.accept()
+            with connection:
+                while not stop.is_set() and connection.recv(65536):
+                    stop.wait(0.2)
+
+        threading.Thread(target=read_slowly, daemon=True).start()
+        endpoint = ServiceEndpoint("validation", f"http://127.0.0.1:{listener.getsockname()[1]}")
+        deadline = functools.partial(Deadline, 1.0, "a test's deadline")
+        started = time.monotonic()
+        try:
+            with ServiceClient(endpoint, TlsSettings(), ONE_ATTEMPT) as client:
+                with pytest.raises(ServiceError, match=r"within 1 s, the deadline of one request"):
+                    client.request("POST", "/validate", operation="validate", deadline=deadline, body=b"x" * 16 * MB)
+        finally:
+            stop.set()
+        assert time.monotonic() - started < 10

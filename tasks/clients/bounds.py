@@ -21,8 +21,10 @@ from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
 MB = 1024 * 1024
-# a request body goes out in pieces of this size, the deadline checked before each
+# a request body goes out in pieces of this size
 UPLOAD_PIECE = MB
+# a write's timeout is cut to the time left before each piece of this size (a slow reader)
+WRITE_PIECE = 64 * 1024
 # its bytes, or a function making its pieces afresh for each send
 Body = Callable[[], Iterable[bytes]] | bytes
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
@@ -50,25 +52,15 @@ class Deadline:
 
     @contextlib.contextmanager
     def bounding(self) -> Iterator[None]:
-        """Bound each socket operation of this thread's calls in the block by the deadline.
+        """Bound each socket operation of this thread in the block by the deadline.
 
-        Why: a read blocked on a server that drips its headers ends at the deadline, on a kept-alive
-        connection as on a new one (``BoundedBackend``).
+        Why: a read blocked on a server dripping its headers ends at it (``BoundedBackend``).
         """
         token = _CALL.set(self)
         try:
             yield
         finally:
             _CALL.reset(token)
-
-    def left(
-        self, timeout: float | None, expired: type[Exception], sock: socket.socket | None
-    ) -> float:
-        """Cap an operation's ``timeout`` to the time left; at none left raise ``expired``."""
-        self._socket = sock
-        if (left := self._end - time.monotonic()) <= 0:
-            raise expired(f"the deadline of one request passed ({self.setting})")
-        return left if timeout is None else min(timeout, left)
 
     def shut_down(self) -> None:
         """End the call at once (a cancel): a blocked read fails, the next one times out."""
@@ -92,15 +84,6 @@ class Deadline:
             no_answer=True,
         )
 
-    def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
-        """Yield ``body`` as it is sent, checking the deadline before each piece.
-
-        Why: against a server that reads slowly.
-        """
-        for piece in body:
-            self.check(operation, service)
-            yield piece
-
 
 _CALL: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("deadline", default=None)
 
@@ -108,8 +91,13 @@ _CALL: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("deadlin
 def _capped(
     timeout: float | None, expired: type[Exception], sock: socket.socket | None
 ) -> float | None:
-    deadline = _CALL.get()
-    return timeout if deadline is None else deadline.left(timeout, expired, sock)
+    """Cut ``timeout`` to the time left of this thread's call, if it has a deadline."""
+    if (deadline := _CALL.get()) is None:
+        return timeout
+    deadline._socket = sock
+    if (left := deadline._end - time.monotonic()) <= 0:
+        raise expired("the deadline passed")
+    return left if timeout is None else min(timeout, left)
 
 
 class _BoundedStream(httpcore.NetworkStream):
@@ -122,7 +110,9 @@ class _BoundedStream(httpcore.NetworkStream):
         return self._stream.read(max_bytes, _capped(timeout, httpcore.ReadTimeout, self._socket))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _capped(timeout, httpcore.WriteTimeout, self._socket))
+        for start in range(0, len(buffer), WRITE_PIECE):
+            capped = _capped(timeout, httpcore.WriteTimeout, self._socket)
+            self._stream.write(buffer[start : start + WRITE_PIECE], capped)
 
     def close(self) -> None:
         self._stream.close()
@@ -163,8 +153,8 @@ ClientT = TypeVar("ClientT", bound=httpx.Client)
 def within_deadlines(client: ClientT) -> ClientT:
     """Return ``client``, each of its connection pools using the ``BoundedBackend``.
 
-    Note: httpx makes its pools (the environment's proxies' too) with no network backend argument,
-    and a transport passed to it turns those proxies off; so the backend goes into the pools made.
+    Note: httpx makes its pools (the environment's proxies' too) with no backend argument, and a
+    transport passed to it turns those proxies off; so the backend goes into the pools made.
     """
     for transport in (client._transport, *client._mounts.values()):
         if isinstance(transport, httpx.HTTPTransport):
@@ -255,17 +245,12 @@ def answer_within(
 ) -> Iterator[httpx.Response]:
     """Stream the answer to a sync request, each socket operation bounded by ``deadline``.
 
-    Note: a network error then is the deadline's error; ``body`` is checked against it piece by
-    piece.
+    Note: a network error then is the deadline's error.
     Why: bytes are declared by their ``Content-Length``: in pieces they would go chunked, which some
     servers refuse.
     """
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
-    content = (
-        None
-        if pieces is None
-        else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
-    )
+    content = None if pieces is None else ReplayableBody(pieces)
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
     headers = {**declared, **(headers or {})}
     built = http.build_request(method, url, content=content, headers=headers, **request)
