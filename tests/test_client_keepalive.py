@@ -18,6 +18,7 @@ from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tests.fakes._server import LoopbackServer
+from tests.conftest import wait_until
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.flattener import FlattenerHandler, FlattenerState
 from tests.support.extraction import CRTDL, extractor_settings
@@ -111,3 +112,26 @@ def test_a_server_reading_the_body_slowly_is_cut_off_near_the_deadline():
         finally:
             stop.set()
         assert time.monotonic() - started < 10
+
+
+class SilentlyClosingHandler(EchoHandler):
+    """Closes each connection after its answer without saying so, as a server's idle timeout does."""
+
+    closed = 0
+
+    def handle(self) -> None:
+        self.handle_one_request()
+
+    def finish(self) -> None:
+        super().finish()
+        self.connection.shutdown(socket.SHUT_WR)  # the FIN goes out now, before it is counted
+        type(self).closed += 1
+
+
+def test_a_call_after_the_server_closed_the_idle_connection_goes_once_on_a_new_one():
+    with LoopbackServer(SilentlyClosingHandler, EchoState()) as server:
+        with ServiceClient(ServiceEndpoint("fhir_server", server.base_url), TlsSettings(), ONE_ATTEMPT) as client:
+            client.request_once("POST", "/fhir", operation="transaction", content=b"{}")
+            wait_until(lambda: SilentlyClosingHandler.closed == 1, "the server closing the connection")
+            client.request_once("POST", "/fhir", operation="transaction", content=b"{}")
+        assert len(server.state.requests) == 2 and server.connections == 2
