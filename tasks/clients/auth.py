@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable, within_deadlines
 from tasks.clients.errors import (
     MAX_TEXT_CHARS,
     ServiceError,
@@ -159,20 +159,24 @@ class TokenSource:
         other callers waiting.
         """
         deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
-        watched = deadline.watch()
         try:
-            with oauth2_client_class()(
-                client_id=self.client_id,
-                client_secret=self._client_secret,
-                token_endpoint_auth_method="client_secret_post",
-                verify=self._verify,
-                timeout=TOKEN_REQUEST_TIMEOUT,
-                headers=AS_SENT,
-                event_hooks={
-                    "request": [functools.partial(self._prepare, watched, setting)],
-                    "response": [self._bounded],
-                },
-            ) as client:
+            with (
+                deadline.bounding(),
+                within_deadlines(
+                    oauth2_client_class()(
+                        client_id=self.client_id,
+                        client_secret=self._client_secret,
+                        token_endpoint_auth_method="client_secret_post",
+                        verify=self._verify,
+                        timeout=TOKEN_REQUEST_TIMEOUT,
+                        headers=AS_SENT,
+                        event_hooks={
+                            "request": [functools.partial(self._name_issuer_setting, setting)],
+                            "response": [self._bounded],
+                        },
+                    )
+                ) as client,
+            ):
                 client.register_compliance_hook(
                     "access_token_response", self._raise_for_token_error
                 )
@@ -187,15 +191,12 @@ class TokenSource:
                 f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
             )
             raise self._refused(message) from None
-        finally:
-            deadline.release()
         self._token_endpoint = endpoint
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
-    def _prepare(self, watched: JsonObject, setting: str | None, request: httpx.Request) -> None:
-        """Put a token request under the deadline; name ``setting`` on the issuer's origin."""
-        request.extensions.update(watched)
+    def _name_issuer_setting(self, setting: str | None, request: httpx.Request) -> None:
+        """Name ``setting`` on a token request to the issuer's origin."""
         if setting and origin_of(request.url) == origin_of(self.issuer):
             request.extensions[SERVICE_SETTING] = setting
 

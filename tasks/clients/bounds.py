@@ -6,27 +6,25 @@ Note: also the bodies the clients stream. See docs/development.md#service-client
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
-import os
+import contextvars
 import socket
-import threading
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NotRequired, Unpack
+from typing import Any, NotRequired, TypeVar, Unpack
 
+import httpcore
 import httpx
 
 from tasks.clients.errors import Call, ServiceError
-from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
 MB = 1024 * 1024
-# a request body goes out in pieces of this size, the deadline checked before each
+# a request body goes out in pieces of this size
 UPLOAD_PIECE = MB
-# for a connection its deadline can shut down (Deadline.watch)
-OWN_CONNECTION = {"Connection": "close"}
+# a write's timeout is cut to the time left before each piece of this size (a slow reader)
+WRITE_PIECE = 64 * 1024
 # its bytes, or a function making its pieces afresh for each send
 Body = Callable[[], Iterable[bytes]] | bytes
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
@@ -43,9 +41,7 @@ class Deadline:
     def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
         self.seconds, self.setting, self.url = seconds, setting, url
         self._end = time.monotonic() + seconds
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._watched: int | None = None
+        self._socket: socket.socket | None = None  # the one its call last waited on
 
     def check(self, operation: str, service: str | None) -> None:
         if self.passed():
@@ -54,36 +50,22 @@ class Deadline:
     def passed(self) -> bool:
         return time.monotonic() >= self._end
 
-    def watch(self) -> JsonObject:
-        """Return the extensions of a sync request on its own connection.
+    @contextlib.contextmanager
+    def bounding(self) -> Iterator[None]:
+        """Bound each socket operation of this thread in the block by the deadline.
 
-        Why: at the deadline its socket is shut down, which ends a read blocked on a server that
-        drips its headers.
-        Note: call ``release`` when the answer is closed.
+        Why: a read blocked on a server dripping its headers ends at it (``BoundedBackend``).
         """
-        self._watched = _WATCHDOG.watch(self._end, self)
-        return {"trace": self._note_connection}
-
-    def release(self) -> None:
-        with self._lock:
-            self._sockets = []  # closed with the answer; nothing left to shut down
-        if self._watched is not None:
-            _WATCHDOG.forget(self._watched)
-
-    def _note_connection(self, event: str, info: JsonObject) -> None:
-        if event in (
-            "connection.connect_tcp.complete",
-            "connection.start_tls.complete",
-        ) and info.get("return_value"):
-            with self._lock:
-                self._sockets.append(info["return_value"].get_extra_info("socket"))
-            if self.passed():
-                self.shut_down()
+        token = _CALL.set(self)
+        try:
+            yield
+        finally:
+            _CALL.reset(token)
 
     def shut_down(self) -> None:
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
+        """End the call at once (a cancel): a blocked read fails, the next one times out."""
+        self._end = 0.0
+        if (sock := self._socket) is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
@@ -102,63 +84,82 @@ class Deadline:
             no_answer=True,
         )
 
-    def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
-        """Yield ``body`` as it is sent, checking the deadline before each piece.
 
-        Why: against a server that reads slowly.
-        """
-        for piece in body:
-            self.check(operation, service)
-            yield piece
+_CALL: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("deadline", default=None)
 
 
-class _Watchdog:
-    """One thread per process, shutting down the connections whose deadline passed.
+def _capped(
+    timeout: float | None, expired: type[Exception], sock: socket.socket | None
+) -> float | None:
+    """Cut ``timeout`` to the time left of this thread's call, if it has a deadline."""
+    if (deadline := _CALL.get()) is None:
+        return timeout
+    deadline._socket = sock
+    if (left := deadline._end - time.monotonic()) <= 0:
+        raise expired("the deadline passed")
+    return left if timeout is None else min(timeout, left)
 
-    Why:
-    - A timer thread per request cost each of the pseudonymizer's many small requests a thread
-      start.
-    Note: a released deadline is forgotten at once, and the heap rebuilt once most of it is
-    released, so it holds about the requests in flight, not all those of the last deadline's span.
+
+class _BoundedStream(httpcore.NetworkStream):
+    """A connection whose each read and write ends by the deadline of the call using it."""
+
+    def __init__(self, stream: httpcore.NetworkStream):
+        self._stream, self._socket = stream, stream.get_extra_info("socket")
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _capped(timeout, httpcore.ReadTimeout, self._socket))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        for start in range(0, len(buffer), WRITE_PIECE):
+            capped = _capped(timeout, httpcore.WriteTimeout, self._socket)
+            self._stream.write(buffer[start : start + WRITE_PIECE], capped)
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = _capped(timeout, httpcore.ConnectTimeout, self._socket)
+        return _BoundedStream(self._stream.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class BoundedBackend(httpcore.SyncBackend):
+    """httpcore's sync network backend, each connection bounded by its call's deadline."""
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        timeout = _capped(timeout, httpcore.ConnectTimeout, None)
+        return _BoundedStream(
+            super().connect_tcp(host, port, timeout, local_address, socket_options)
+        )
+
+
+ClientT = TypeVar("ClientT", bound=httpx.Client)
+
+
+def within_deadlines(client: ClientT) -> ClientT:
+    """Return ``client``, each of its connection pools using the ``BoundedBackend``.
+
+    Note: httpx makes its pools (the environment's proxies' too) with no backend argument, and a
+    transport passed to it turns those proxies off; so the backend goes into the pools made.
     """
-
-    def __init__(self) -> None:
-        self._due: list[tuple[float, int]] = []
-        self._live: dict[int, Deadline] = {}
-        self._changed = threading.Condition()
-        self._order = itertools.count()
-        self._pid = 0
-
-    def watch(self, end: float, deadline: Deadline) -> int:
-        with self._changed:
-            if self._pid != os.getpid():  # the first deadline of this process (or of a fork)
-                self._pid, self._due, self._live = os.getpid(), [], {}
-                threading.Thread(target=self._run, name="deadlines", daemon=True).start()
-            key = next(self._order)
-            self._live[key] = deadline
-            heapq.heappush(self._due, (end, key))
-            if self._due[0][1] == key:
-                self._changed.notify()
-            return key
-
-    def forget(self, key: int) -> None:
-        with self._changed:
-            self._live.pop(key, None)
-            if len(self._due) > 2 * len(self._live) + 64:
-                self._due = [entry for entry in self._due if entry[1] in self._live]
-                heapq.heapify(self._due)
-
-    def _run(self) -> None:
-        with self._changed:
-            while True:
-                now = time.monotonic()
-                while self._due and self._due[0][0] <= now:
-                    if (deadline := self._live.pop(heapq.heappop(self._due)[1], None)) is not None:
-                        deadline.shut_down()
-                self._changed.wait(self._due[0][0] - now if self._due else None)
-
-
-_WATCHDOG = _Watchdog()
+    for transport in (client._transport, *client._mounts.values()):
+        if isinstance(transport, httpx.HTTPTransport):
+            transport._pool._network_backend = BoundedBackend()
+    return client
 
 
 class ReplayableBody:
@@ -242,37 +243,25 @@ def answer_within(
     headers: dict[str, str] | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
-    """Stream the answer to a sync request on its own connection, shut at ``deadline``.
+    """Stream the answer to a sync request, each socket operation bounded by ``deadline``.
 
-    Note: a network error then is the deadline's error; ``body`` is checked against it piece by
-    piece.
+    Note: a network error then is the deadline's error.
     Why: bytes are declared by their ``Content-Length``: in pieces they would go chunked, which some
     servers refuse.
     """
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
-    content = (
-        None
-        if pieces is None
-        else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
-    )
+    content = None if pieces is None else ReplayableBody(pieces)
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
-    headers = {**declared, **(headers or {}), **OWN_CONNECTION}
-    built = http.build_request(
-        method, url, content=content, headers=headers, extensions=deadline.watch(), **request
-    )
+    headers = {**declared, **(headers or {})}
+    built = http.build_request(method, url, content=content, headers=headers, **request)
     deadline.url = built.url
     try:
-        response = http.send(built, stream=True)
-        try:
+        with deadline.bounding(), contextlib.closing(http.send(built, stream=True)) as response:
             deadline.check(operation, service)
             yield response
-        finally:
-            response.close()
     except httpx.TransportError:
         deadline.check(operation, service)
         raise
-    finally:
-        deadline.release()
 
 
 def in_pieces(body: bytes) -> Iterator[bytes]:

@@ -79,8 +79,11 @@ POLL_DEADLINE = timedelta(minutes=2)
 POLL_DEADLINE_SETTING = (
     "a status poll's deadline, 2 minutes or services.extractor.extraction_timeout if shorter"
 )
-STATUS_ACCEPT = {"Accept": "application/json"}
-TASK_ACCEPT = {"Accept": "application/fhir+json"}
+# Why: a kick-off goes on a new connection, not on one a poll left that the server may close under
+# it (the kick-off then in doubt); so no call here leaves one.
+OWN_CONNECTION = {"Connection": "close"}
+STATUS_ACCEPT = {"Accept": "application/json"} | OWN_CONNECTION
+TASK_ACCEPT = {"Accept": "application/fhir+json"} | OWN_CONNECTION
 # a Task's JobStatus code, or its FHIR status
 STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")
 
@@ -145,7 +148,7 @@ class ExtractionServerClient(Closing):
                 "POST",
                 self.base_url + SUBMIT_PATH,
                 body=content,
-                headers=FHIR_JSON_HEADERS,
+                headers=FHIR_JSON_HEADERS | OWN_CONNECTION,
                 timeout=http_timeout(SUBMIT_TIMEOUT),
                 **where,
             ) as answer:

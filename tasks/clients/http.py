@@ -20,7 +20,14 @@ import certifi
 import httpx
 
 from tasks.clients.auth import AS_SENT, ServiceAuth, compressed_answer
-from tasks.clients.bounds import MB, Deadline, answer_within, answered, read_answer
+from tasks.clients.bounds import (
+    MB,
+    Deadline,
+    answer_within,
+    answered,
+    read_answer,
+    within_deadlines,
+)
 from tasks.clients.errors import Call, ServiceError, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.core.json_shapes import JsonObject
@@ -122,7 +129,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         "request": [auth.check_request],
         "response": [functools.partial(refuse_compressed, endpoint)],
     }
-    return httpx.Client(
+    client = httpx.Client(
         # its query goes with each request to its origin (auth)
         base_url=without_query(endpoint.base_url),
         headers=AS_SENT,
@@ -133,6 +140,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
         event_hooks=hooks,
     )
+    return within_deadlines(client)
 
 
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:

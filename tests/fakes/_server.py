@@ -66,6 +66,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address, handler, state: Any):
         super().__init__(address, handler)
         self.state = state
+        self.connections = 0  # accepted so far (keep-alive: fewer than the requests)
 
     def handle_error(self, request, client_address) -> None:
         # A client that hangs up mid-answer is routine in fault tests; anything else is printed.
@@ -75,6 +76,7 @@ class _Server(ThreadingHTTPServer):
     def get_request(self):
         # Without TCP_NODELAY, keep-alive requests wait ~40 ms each on delayed ACKs.
         conn, address = super().get_request()
+        self.connections += 1
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return conn, address
 
@@ -98,6 +100,11 @@ class LoopbackServer:
     @property
     def state(self) -> Any:
         return self._httpd.state
+
+    @property
+    def connections(self) -> int:
+        """The TCP connections accepted so far."""
+        return self._httpd.connections
 
     @property
     def port(self) -> int:
