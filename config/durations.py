@@ -5,8 +5,6 @@ ISO 8601 (``P1DT2H``; no years or months: their length varies), short forms (``1
 bare number is refused: ``30`` could be seconds or minutes. docs/configuration.md says more.
 """
 
-from __future__ import annotations
-
 import re
 from datetime import timedelta
 from typing import Annotated

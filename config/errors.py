@@ -7,8 +7,6 @@ no message carries a secret. The configuration's part of the exception tree::
     └── ConfigError     every problem of a configuration, each naming its key and the fix
 """
 
-from __future__ import annotations
-
 import difflib
 from collections.abc import Mapping
 

@@ -5,8 +5,6 @@ their key paths and its warnings through the validation context (docs/developmen
 Configuration).
 """
 
-from __future__ import annotations
-
 import logging
 import unicodedata
 from datetime import timedelta

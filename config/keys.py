@@ -4,8 +4,6 @@ Every settable leaf, the secret ones, the APP_* variable of each, and the model 
 path.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterator
 from functools import cache, reduce
 from typing import get_args

@@ -4,8 +4,6 @@ Every problem is raised together as one ConfigError, never with a secret's value
 source is kept (docs/development.md, Configuration).
 """
 
-from __future__ import annotations
-
 import difflib
 import hashlib
 import json

@@ -3,8 +3,6 @@
 Why here: config/ is the one place that reads environment variables.
 """
 
-from __future__ import annotations
-
 import base64
 import ctypes
 import functools

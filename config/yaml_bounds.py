@@ -5,8 +5,6 @@ alone, before anything is built, so memory and time stay proportional to the tex
 nothing of ours: ``config.fields`` uses it.
 """
 
-from __future__ import annotations
-
 import re
 from typing import Any
 

@@ -5,8 +5,6 @@ Secret block NAME when the file is loaded, never a parameter; ``$${X}`` stays ``
 (docs/development.md, Configuration).
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Iterator, Mapping
 from functools import lru_cache

@@ -3,8 +3,6 @@
 See docs/development.md#losing-the-prefect-server.
 """
 
-from __future__ import annotations
-
 import logging
 import os
 import sys

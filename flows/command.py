@@ -4,8 +4,6 @@ Note: ``view`` runs with the SQL-on-FHIR engine alone (``flows.view_cli``), as `
 view`` does; every other command is ``flows.run``'s, with the pipeline it imports.
 """
 
-from __future__ import annotations
-
 import sys
 
 

@@ -3,8 +3,6 @@
 See docs/development.md#gates.
 """
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 from typing import Literal
 

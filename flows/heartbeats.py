@@ -3,8 +3,6 @@
 See docs/development.md#crash-detection.
 """
 
-from __future__ import annotations
-
 from typing import Final
 
 import httpx

@@ -3,8 +3,6 @@
 Note: only a picture of the job: the job's state is its flow run's.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Sequence
 from typing import Any

@@ -3,8 +3,6 @@
 Import-light as ``flows.jobs``, which plans a new job with it.
 """
 
-from __future__ import annotations
-
 import json
 from dataclasses import dataclass
 from pathlib import Path

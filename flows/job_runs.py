@@ -3,8 +3,6 @@
 See docs/development.md#the-jobs-flow-run and docs/operations.md.
 """
 
-from __future__ import annotations
-
 import argparse
 from datetime import UTC, datetime
 from typing import Any

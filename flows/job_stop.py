@@ -3,8 +3,6 @@
 See docs/operations.md (Prefect's controls) for what each one leaves behind.
 """
 
-from __future__ import annotations
-
 import asyncio
 import logging
 import threading

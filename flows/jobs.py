@@ -3,8 +3,6 @@
 Import-light: ``status`` uses it. See docs/development.md#jobs.
 """
 
-from __future__ import annotations
-
 import shutil
 import uuid
 from collections.abc import Mapping

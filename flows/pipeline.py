@@ -3,8 +3,6 @@
 See docs/development.md#the-flow.
 """
 
-from __future__ import annotations
-
 import ctypes
 import importlib
 from pathlib import Path

@@ -4,8 +4,6 @@ Note:
 - Code that imports Prefect uses Prefect's client instead (docs/development.md, "Layers").
 """
 
-from __future__ import annotations
-
 import json
 from contextlib import closing
 from http.client import HTTPConnection, HTTPException, HTTPSConnection

@@ -3,8 +3,6 @@
 No Prefect import at module level: the fast commands import this module.
 """
 
-from __future__ import annotations
-
 import importlib.metadata
 import json
 from urllib.parse import urlsplit, urlunsplit

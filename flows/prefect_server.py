@@ -4,8 +4,6 @@ No Prefect import at module level: the fast commands import this module. See
 docs/development.md#the-local-prefect-server.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

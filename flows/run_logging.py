@@ -3,8 +3,6 @@
 See docs/development.md#logging.
 """
 
-from __future__ import annotations
-
 import copy
 import logging
 import signal

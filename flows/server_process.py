@@ -3,8 +3,6 @@
 Note: where there is a /proc.
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import time

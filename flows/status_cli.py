@@ -4,8 +4,6 @@ Note: the state is its flow run's, read without importing Prefect; shown as plai
 record's escape sequences and controls never reach the terminal).
 """
 
-from __future__ import annotations
-
 import argparse
 from datetime import datetime
 from typing import NamedTuple

@@ -1,7 +1,5 @@
 """The command line's lines for the person at the terminal, apart from its output."""
 
-from __future__ import annotations
-
 import sys
 
 

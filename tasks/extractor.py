@@ -3,8 +3,6 @@
 Note: the files go into ``import/``. See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 import shlex
 import threading
 from collections.abc import Iterator

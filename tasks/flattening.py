@@ -3,8 +3,6 @@
 Note: spec/protocols.md, "Flattening". See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 import json
 import shutil
 from collections.abc import Iterable

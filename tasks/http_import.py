@@ -3,8 +3,6 @@
 See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import httpx

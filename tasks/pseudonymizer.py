@@ -3,8 +3,6 @@
 Note: the resources of the previous step's files. See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 import functools
 import time
 from collections.abc import Iterator

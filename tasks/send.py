@@ -3,8 +3,6 @@
 Note: in the mode ``services.send.send_as`` names (docs/steps.md). See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 import logging
 import re
 import time

@@ -3,8 +3,6 @@
 See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 import logging
 from collections.abc import Iterator
 from datetime import timedelta

@@ -3,8 +3,6 @@
 Note: the person may correct the data there first. See docs/development.md#steps.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from prefect import get_run_logger

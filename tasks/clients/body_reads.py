@@ -3,8 +3,6 @@
 Note: for ``downloads``; the one module that reaches into httpcore.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 
 import httpcore

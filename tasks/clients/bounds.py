@@ -3,8 +3,6 @@
 Note: also the bodies the clients stream. See docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import contextlib
 import contextvars
 import socket

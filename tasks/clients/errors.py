@@ -18,8 +18,6 @@ made, OperationOutcome texts when taken. The clients' part of the exception tree
         └── PseudonymizationError   pseudonymizer: EntryTooLargeError
 """
 
-from __future__ import annotations
-
 import email.utils
 import ssl
 from collections.abc import Mapping

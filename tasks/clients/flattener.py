@@ -3,8 +3,6 @@
 Note: no Prefect. See docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import contextlib
 from collections.abc import Iterator
 from datetime import timedelta

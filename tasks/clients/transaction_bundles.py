@@ -4,8 +4,6 @@ Note: each entry a PUT (with an id) or a conditional create; no Prefect. See
 docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field

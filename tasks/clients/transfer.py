@@ -3,8 +3,6 @@
 See docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import base64
 import logging
 import time

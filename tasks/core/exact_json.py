@@ -5,8 +5,6 @@ Why: orjson drops a decimal's trailing zeros (``1.50``) and makes a float of an 
 taking it apart (a split Bundle). Import-light.
 """
 
-from __future__ import annotations
-
 import functools
 import json
 from collections.abc import Callable

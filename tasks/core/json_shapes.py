@@ -4,8 +4,6 @@ Why: iterating what is not a list failed with a bare TypeError (a number), or re
 character by character; ``.get`` on what is not an object, with an AttributeError.
 """
 
-from __future__ import annotations
-
 from typing import Any, TypeAlias
 
 JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None

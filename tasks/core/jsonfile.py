@@ -5,8 +5,6 @@ limit is read (``/dev/zero`` is never read to its end), and nesting deeper than
 ``MAX_JSON_DEPTH``, which would end in a RecursionError far from the file, is refused.
 """
 
-from __future__ import annotations
-
 import json
 import stat
 from pathlib import Path

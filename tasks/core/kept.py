@@ -1,7 +1,5 @@
 """What a step read once, kept in its process by digest for its file tasks."""
 
-from __future__ import annotations
-
 import threading
 from typing import Generic, TypeVar
 

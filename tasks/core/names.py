@@ -5,8 +5,6 @@ and at most ``MAX_DATA_NAME_BYTES`` of UTF-8, so ``.<name>.part`` fits a file na
 Imports nothing of ours.
 """
 
-from __future__ import annotations
-
 import unicodedata
 
 MAX_DATA_NAME_BYTES = 240

@@ -4,8 +4,6 @@ Sizes, durations, nested facts as ``key: value`` lines, free text made safe to s
 Import-light: ``status`` uses it.
 """
 
-from __future__ import annotations
-
 import unicodedata
 from collections.abc import Mapping
 

@@ -5,8 +5,6 @@ service may quote the request back: registered secrets in each form they may com
 ``Authorization`` values, ``Basic``/``Bearer`` tokens, URLs' user info and secret parameters.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import logging

@@ -5,8 +5,6 @@ Why: such URLs are stored with the job and shown in logs, and httpx sends a foll
 user info to its host as Basic auth. Standard library only (docs/development.md, Secrets).
 """
 
-from __future__ import annotations
-
 import re
 from urllib.parse import SplitResult, parse_qsl, quote, unquote_plus, urlsplit
 

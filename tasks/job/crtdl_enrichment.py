@@ -3,8 +3,6 @@
 Spec: services.crtdl_preprocessing. See docs/development.md#crtdl-enrichment.
 """
 
-from __future__ import annotations
-
 import copy
 import re
 from collections.abc import Iterable

@@ -1,7 +1,5 @@
 """The job log of a local Dask cluster's worker processes (imported for Dask only)."""
 
-from __future__ import annotations
-
 import logging
 from typing import Any
 

@@ -3,8 +3,6 @@
 Note: below the step module so that both engines fill one ``FlattenOutcome``.
 """
 
-from __future__ import annotations
-
 import logging
 from collections import Counter
 from collections.abc import Iterator

@@ -4,8 +4,6 @@ Note: the CRTDL's attribute groups as ViewDefinitions (``plan_views``) and their
 per process by digest, so piece tasks need not read the CRTDL again.
 """
 
-from __future__ import annotations
-
 import json
 import logging
 from collections import Counter

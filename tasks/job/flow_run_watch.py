@@ -3,8 +3,6 @@
 See docs/development.md#file-tasks-on-dask.
 """
 
-from __future__ import annotations
-
 import functools
 import logging
 import sys

@@ -3,8 +3,6 @@
 Note: also the plain text of every log line a terminal shows.
 """
 
-from __future__ import annotations
-
 import logging
 
 from tasks.core.readable import plain_multiline

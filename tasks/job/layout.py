@@ -3,8 +3,6 @@
 No Prefect import: ``status`` and ``list`` use it.
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 import uuid

@@ -3,8 +3,6 @@
 No Prefect import: ``status`` uses it. See docs/development.md#the-job-record.
 """
 
-from __future__ import annotations
-
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager

@@ -4,8 +4,6 @@ Note: taken only as dupflow writes it (Prefect's JSON serializer, its own name, 
 No Prefect import: ``status`` reads records too.
 """
 
-from __future__ import annotations
-
 import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePath

@@ -4,8 +4,6 @@ See ``tasks.job.result_records`` for what a record must be; docs/development.md 
 contract.
 """
 
-from __future__ import annotations
-
 import logging
 from pathlib import Path
 from typing import Any

@@ -4,8 +4,6 @@ Note: for the steps that send every file through a service: batches one at a tim
 in request order, a report of a row per file.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from pathlib import Path

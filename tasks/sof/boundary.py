@@ -4,8 +4,6 @@ The ends of the range a value's precision allows, as the SQL-on-FHIR suite reads
 [1.45, 1.55)); the rules are in docs/development.md, "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 import calendar
 import re
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation

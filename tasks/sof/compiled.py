@@ -4,8 +4,6 @@
 or None beyond ``limit`` (the caller then takes the general, lazy way). See docs/development.md,
 "The SQL-on-FHIR engine"."""
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any

@@ -4,8 +4,6 @@ Its columns, and how groups get their ids and file names: docs/development.md, "
 engine".
 """
 
-from __future__ import annotations
-
 import copy
 import hashlib
 import json

@@ -11,8 +11,6 @@ Each is a ``ValueError`` too (bad input, not a broken program): the command line
 it.
 """
 
-from __future__ import annotations
-
 from tasks.core.errors import DupflowError
 
 

@@ -5,8 +5,6 @@ start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.model
 read from its files.
 """
 
-from __future__ import annotations
-
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass

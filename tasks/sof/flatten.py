@@ -5,8 +5,6 @@ cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``. See d
 "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 import json
 import re
 import shutil

@@ -4,8 +4,6 @@ Read by ``read_json_file``: at most ``MAX_LOOKUP_BYTES`` (/dev/zero is refused) 
 ``MAX_JSON_DEPTH`` levels. Its form and checks: spec/protocols.md and docs/development.md, "The
 SQL-on-FHIR engine"."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

@@ -3,8 +3,6 @@
 How each value becomes a cell: spec/protocols.md and docs/development.md, "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 import csv
 from collections.abc import Iterable, Sequence
 from decimal import Decimal

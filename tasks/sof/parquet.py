@@ -4,8 +4,6 @@ A cell its type cannot hold raises ``ViewError`` naming file, column and row, ne
 patient data). Blocks, row groups and types: docs/development.md, "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 import os
 import re
 from collections.abc import Iterable, Iterator

@@ -3,8 +3,6 @@
 Note: decimals are kept as written; lines of types no view reads are passed over unparsed.
 """
 
-from __future__ import annotations
-
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path

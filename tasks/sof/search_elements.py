@@ -4,8 +4,6 @@ A filter whose name and type are not here cannot be applied (``tasks.sof.selecti
 tables are data, in ``search_elements.json``. See docs/development.md, "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import orjson

@@ -5,8 +5,6 @@ cannot apply is listed in ``Selection.not_applied``. See docs/development.md, "T
 engine".
 """
 
-from __future__ import annotations
-
 import datetime
 from dataclasses import dataclass
 from typing import Any

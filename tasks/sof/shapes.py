@@ -1,7 +1,5 @@
 """Names of the engine's recurring types."""
 
-from __future__ import annotations
-
 from typing import Any, TypeAlias
 
 Row: TypeAlias = tuple[Any, ...]

@@ -5,8 +5,6 @@ verdict made as before. Which views and blocks it takes: docs/development.md, "T
 engine".
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Iterable
 from io import BytesIO, TextIOWrapper
 from itertools import chain, repeat

@@ -4,8 +4,6 @@ A path starting with a type its focus can never have is refused, naming the view
 docs/development.md, "The SQL-on-FHIR engine".
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from tasks.sof.errors import ViewDefinitionError

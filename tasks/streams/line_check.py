@@ -4,8 +4,6 @@ Why: light on imports: the worker processes checking a large file's spans import
 of the writer's.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple

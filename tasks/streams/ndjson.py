@@ -3,8 +3,6 @@
 See docs/development.md#streams.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path

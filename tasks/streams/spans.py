@@ -3,8 +3,6 @@
 See docs/development.md#streams.
 """
 
-from __future__ import annotations
-
 import bisect
 import itertools
 from collections.abc import Iterable
