@@ -40,6 +40,8 @@ LOCK_FILE = ".lock"
 SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")
 # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 TAGS_PER_REQUEST = 100
+# the pause key of a wait step's own suspension (flows.gates); any other is a Suspend from the UI
+GATE_PAUSE_KEY = re.compile(r"wait-(\d+)")
 
 
 class JobLockedError(JobError):
@@ -131,7 +133,7 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
     the UI; after the time given Prefect refuses the resume and fails the run.
     """
     until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC" if expires else ""
-    if found := re.fullmatch(r"wait-(\d+)", pause_key or ""):
+    if found := GATE_PAUSE_KEY.fullmatch(pause_key or ""):
         waits = (
             f"awaiting inspection at step {int(found[1]) + 1} (wait){until} (pipeline.wait_timeout)"
         )

@@ -13,11 +13,13 @@ from typing import Any
 from uuid import UUID
 
 from prefect._internal.observers import FlowRunCancellingObserver
+from prefect._flow_run_suspension import FlowRunSuspensionRequest
 from prefect.context import FlowRunContext
 from prefect.exceptions import Abort, TerminationSignal
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled
 
+from flows.job_state import GATE_PAUSE_KEY
 from tasks.streams.fanout import cancel_scope
 
 log = logging.getLogger("dupflow.stop")
@@ -94,7 +96,7 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
         async with cancelling:
             cancelling.add_in_flight_flow_run_id(flow_run_id)
             while not stop.done.is_set() and stop.reason is None:
-                if request is not None and (suspended := request.get_state()) is not None:
+                if (suspended := suspension_from_the_ui(request)) is not None:
                     stop.stop("suspended on the Prefect server", suspended)
                 await asyncio.sleep(SUSPEND_CHECK_SECONDS)
 
@@ -103,3 +105,15 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
     # a server out of reach stops nothing: the run goes on as without a watch
     except Exception:  # noqa: BLE001
         return
+
+
+def suspension_from_the_ui(request: FlowRunSuspensionRequest | None) -> State[Any] | None:
+    """The Suspended state a Suspend in the UI requested, if any.
+
+    Why: Prefect's observer also tells the run's own suspension at a wait step, which the step
+    raises itself; taken for a Suspend, it lost the step's "awaiting inspection".
+    """
+    suspended = request.get_state() if request is not None else None
+    if suspended is None or GATE_PAUSE_KEY.fullmatch(suspended.state_details.pause_key or ""):
+        return None
+    return suspended
