@@ -247,15 +247,20 @@ class _Writer:
 
     def as_cell(self, value: str, indent: int) -> None:
         """Code making a ``PARSED`` value its CSV cell, giving up at any other type."""
-        self.emit(indent, f"if type({value}) is not str:")
-        for test, cell in (("is None", "''"), ("is True", "'true'"), ("is False", "'false'")):
-            self.emit(
-                indent + 1,
-                f"{'if' if test == 'is None' else 'elif'} {value} {test}:",
-                f"{value} = {cell}",
-            )
-        self.emit(indent + 1, f"elif type({value}) is int:", f"{value} = str({value})")
-        self.emit(indent + 1, "else:", IRREGULAR)
+        self.emit(
+            indent,
+            f"if type({value}) is not str:",
+            f"if {value} is None:",
+            f"    {value} = ''",
+            f"elif {value} is True:",
+            f"    {value} = 'true'",
+            f"elif {value} is False:",
+            f"    {value} = 'false'",
+            f"elif type({value}) is int:",
+            f"    {value} = str({value})",
+            "else:",
+            f"    {IRREGULAR}",
+        )
 
     def built(
         self,
