@@ -26,12 +26,11 @@ from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import JsonFileError
 from tasks.core.kept import KeptByDigest
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
-from tasks.job.filework import FileToDo
+from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import (
     compression_shape,
     file_shape,
     ndjson_written,
-    one_batch_at_a_time,
     publish_report,
     write_answers,
 )
@@ -88,7 +87,7 @@ def pseudonymizer(step: StepInput) -> StepResult:
         )
         for f in step.input_files()
     ]
-    results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
+    results: list[FileResult] = map_batches(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
     # else in words
     titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}

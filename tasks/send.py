@@ -31,8 +31,7 @@ from tasks.job.contract import (
     settings_of,
     step_task,
 )
-from tasks.job.filework import FileToDo
-from tasks.job.steps import one_batch_at_a_time
+from tasks.job.filework import FileToDo, map_batches
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
 
@@ -77,7 +76,7 @@ def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[
 
     Note: every finished batch is kept; the first failure is raised.
     """
-    return one_batch_at_a_time(
+    return map_batches(
         batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files]
     )
 
