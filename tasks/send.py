@@ -76,9 +76,7 @@ def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[
 
     Note: every finished batch is kept; the first failure is raised.
     """
-    return map_batches(
-        batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files]
-    )
+    return map_batches(batch_task, step, [FileToDo(f.name, f.size, (f.name,)) for f in files])
 
 
 def fhir_server(step: StepInput) -> FhirServer:
@@ -86,7 +84,7 @@ def fhir_server(step: StepInput) -> FhirServer:
     return FhirServer.connect(settings.services.send, settings.tls, settings.retry)
 
 
-def send_file_direct(step: StepInput, name: str, size: int) -> JsonObject:
+def send_file_direct(step: StepInput, name: str) -> JsonObject:
     settings = settings_of(step)
     with fhir_server(step) as server:
         report = send_resources(
@@ -100,7 +98,7 @@ def send_file_direct(step: StepInput, name: str, size: int) -> JsonObject:
     return asdict(report)
 
 
-def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
+def send_file_binary(step: StepInput, name: str) -> dict[str, SentBinary]:
     with fhir_server(step) as server:
         binary = send_binary(
             server, step.input_path(name), binary_id(step.job_id, name), step.output_dir
@@ -124,7 +122,7 @@ def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
         )
 
 
-def send_file_s3(step: StepInput, name: str, size: int) -> JsonObject:
+def send_file_s3(step: StepInput, name: str) -> JsonObject:
     from tasks.clients.s3 import S3Uploader
 
     settings = settings_of(step)
