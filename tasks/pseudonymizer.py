@@ -78,8 +78,6 @@ class FileResult(TypedDict):
 def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
-    if config:
-        _configs_by_digest.keep(config.sha256, config)
     config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
         FileToDo(
@@ -232,13 +230,18 @@ def _pseudonymize_line(
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML once per run; an unreadable file stops the step before a request."""
+    """Read the YAML once per run, kept for the step's file tasks by its digest.
+
+    Note: an unreadable file stops the step before a request.
+    """
     if not path:
         return None
     try:
-        return AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
+        config = AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
     except JsonFileError as exc:
         raise StepError(str(exc)) from None
+    _configs_by_digest.keep(config.sha256, config)
+    return config
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
@@ -258,7 +261,6 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
             "longer the file the step read at its start); keep the file unchanged while a job "
             "runs"
         )
-    _configs_by_digest.keep(digest, config)
     return config
 
 
