@@ -26,12 +26,11 @@ from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import JsonFileError
 from tasks.core.kept import KeptByDigest
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
-from tasks.job.filework import FileToDo
+from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import (
     compression_shape,
     file_shape,
     ndjson_written,
-    one_batch_at_a_time,
     publish_report,
     write_answers,
 )
@@ -79,8 +78,6 @@ class FileResult(TypedDict):
 def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
-    if config:
-        _configs_by_digest.keep(config.sha256, config)
     config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
         FileToDo(
@@ -88,7 +85,7 @@ def pseudonymizer(step: StepInput) -> StepResult:
         )
         for f in step.input_files()
     ]
-    results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
+    results: list[FileResult] = map_batches(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
     # else in words
     titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}
@@ -233,13 +230,18 @@ def _pseudonymize_line(
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML once per run; an unreadable file stops the step before a request."""
+    """Read the YAML once per run, kept for the step's file tasks by its digest.
+
+    Note: an unreadable file stops the step before a request.
+    """
     if not path:
         return None
     try:
-        return AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
+        config = AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
     except JsonFileError as exc:
         raise StepError(str(exc)) from None
+    _configs_by_digest.keep(config.sha256, config)
+    return config
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
@@ -259,7 +261,6 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
             "longer the file the step read at its start); keep the file unchanged while a job "
             "runs"
         )
-    _configs_by_digest.keep(digest, config)
     return config
 
 

@@ -9,9 +9,9 @@ import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-import orjson
+from pydantic import BaseModel, ValidationError
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
@@ -31,8 +31,7 @@ from tasks.job.contract import (
     settings_of,
     step_task,
 )
-from tasks.job.filework import FileToDo
-from tasks.job.steps import one_batch_at_a_time
+from tasks.job.filework import FileToDo, map_batches
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
 
@@ -77,9 +76,7 @@ def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[
 
     Note: every finished batch is kept; the first failure is raised.
     """
-    return one_batch_at_a_time(
-        batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files]
-    )
+    return map_batches(batch_task, step, [FileToDo(f.name, f.size, (f.name,)) for f in files])
 
 
 def fhir_server(step: StepInput) -> FhirServer:
@@ -87,7 +84,7 @@ def fhir_server(step: StepInput) -> FhirServer:
     return FhirServer.connect(settings.services.send, settings.tls, settings.retry)
 
 
-def send_file_direct(step: StepInput, name: str, size: int) -> JsonObject:
+def send_file_direct(step: StepInput, name: str) -> JsonObject:
     settings = settings_of(step)
     with fhir_server(step) as server:
         report = send_resources(
@@ -101,7 +98,7 @@ def send_file_direct(step: StepInput, name: str, size: int) -> JsonObject:
     return asdict(report)
 
 
-def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
+def send_file_binary(step: StepInput, name: str) -> dict[str, SentBinary]:
     with fhir_server(step) as server:
         binary = send_binary(
             server, step.input_path(name), binary_id(step.job_id, name), step.output_dir
@@ -125,7 +122,7 @@ def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
         )
 
 
-def send_file_s3(step: StepInput, name: str, size: int) -> JsonObject:
+def send_file_s3(step: StepInput, name: str) -> JsonObject:
     from tasks.clients.s3 import S3Uploader
 
     settings = settings_of(step)
@@ -162,53 +159,47 @@ class DirectReport:
     seconds: float = 0.0
 
 
-class BatchProgress:
+class BatchProgress(BaseModel):
     """Where sending a file stands: ``send/progress/<file>.json``, rewritten per batch.
 
     Note: a record of another input or server is ignored: the file is sent from the start (PUTs and
-    conditional creates do not duplicate).
+    conditional creates do not duplicate); so is a damaged one.
     Why: the position counts entries, so a changed batch size (as a 413 asks for) goes on where the
     last confirmed batch ended; the batch size an earlier version recorded is passed over.
     """
 
-    def __init__(self, path: Path, identity: JsonObject):
-        self.path, self.identity = path, identity
-        self.state = {
-            "batches": 0,
-            "entries": 0,
-            "next_line": 0,
-            "next_entry": 0,
-            "complete": False,
-        }
-        try:
-            stored = orjson.loads(path.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            return
-        found = stored.get("identity") if isinstance(stored, dict) else None
-        if (
-            isinstance(found, dict)
-            and {k: v for k, v in found.items() if k != "batch_size"} == identity
-        ):
-            self.state.update({key: stored[key] for key in self.state if key in stored})
-        else:
-            log.warning(
-                "%s: progress record is for another input or server; sending from the start",
-                path.name,
-            )
+    identity: JsonObject
+    batches: int = 0
+    entries: int = 0
+    next_line: int = 0
+    next_entry: int = 0
+    complete: bool = False
 
-    def record(self, batch: Batch | None) -> None:
+    @classmethod
+    def read(cls, path: Path, identity: JsonObject) -> Self:
+        """Return the record at ``path`` if it is of ``identity``, else a new one."""
+        try:
+            stored = cls.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
+            return cls(identity=identity)
+        if {k: v for k, v in stored.identity.items() if k != "batch_size"} == identity:
+            return stored.model_copy(update={"identity": identity})
+        log.warning(
+            "%s: progress record is for another input or server; sending from the start",
+            path.name,
+        )
+        return cls(identity=identity)
+
+    def record(self, path: Path, batch: Batch | None) -> None:
         """Record where the batch after confirmed ``batch`` starts; None: the file is done."""
         if batch is None:
-            self.state["complete"] = True
+            self.complete = True
         else:
-            entries = self.state["entries"] + len(batch.entries)
-            self.state.update(
-                batches=batch.number,
-                entries=entries,
-                next_line=batch.next_line,
-                next_entry=batch.next_entry,
-            )
-        write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
+            self.entries += len(batch.entries)
+            self.batches = batch.number
+            self.next_line = batch.next_line
+            self.next_entry = batch.next_entry
+        write_file_atomically(path, self.model_dump_json().encode())
 
 
 def send_resources(
@@ -226,33 +217,33 @@ def send_resources(
     """
     started = time.monotonic()
     identity = input_identity(source, str(server.http.base_url))
-    progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
-    state, report = progress.state, DirectReport(source.name)
-    if not state["complete"]:
-        if state["batches"]:
-            report.resumed_at_batch = state["batches"] + 1
+    path = records / "progress" / f"{source.name}.json"
+    progress, report = BatchProgress.read(path, identity), DirectReport(source.name)
+    if not progress.complete:
+        if progress.batches:
+            report.resumed_at_batch = progress.batches + 1
             log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
         for batch in iter_batches(
             source,
             batch_size,
             tag_prefix=f"{job_id}:{source.name}",
             max_line_bytes=max_line_bytes,
-            start_line=state["next_line"],
-            start_entry=state["next_entry"],
-            first_number=state["batches"] + 1,
+            start_line=progress.next_line,
+            start_entry=progress.next_entry,
+            first_number=progress.batches + 1,
         ):
             raise_if_cancelled()
             send_batch(server, source.name, batch, records / "failed")
-            progress.record(batch)
-        progress.record(None)
+            progress.record(path, batch)
+        progress.record(path, None)
         report.seconds = round(time.monotonic() - started, 3)
         log.info(
             "%s: %d entries sent in %d transactions",
             source.name,
-            state["entries"],
-            state["batches"],
+            progress.entries,
+            progress.batches,
         )
-    report.batches, report.entries = state["batches"], state["entries"]
+    report.batches, report.entries = progress.batches, progress.entries
     return report
 
 

@@ -26,10 +26,10 @@ from tasks.clients.validator import (
     read_findings,
 )
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
-from tasks.job.filework import FileToDo
+from tasks.job.filework import FileToDo, map_batches
 from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
-from tasks.job.steps import one_batch_at_a_time, ndjson_written, publish_report, write_answers
+from tasks.job.steps import ndjson_written, publish_report, write_answers
 from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
 
 FIRST_ERRORS = 5
@@ -87,7 +87,7 @@ def validation(step: StepInput) -> StepResult:
         FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources))
         for f in step.input_files()
     ]
-    checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
+    checked: list[FileValidation] = map_batches(validate_files, step, files)
     per_file = [c.model_dump(exclude={"report"}) for c in checked]
     rows = [  # the counts' names in words, in field order
         {

@@ -268,7 +268,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 
     def declare(function: Callable[..., StepResult]) -> Any:
         @functools.wraps(function)
-        def timed(step: StepInput, *args: Any, **kwargs: Any) -> StepResult:
+        def timed(step: StepInput) -> StepResult:
             started = time.monotonic()
             key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             files = step.files
@@ -280,7 +280,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
             remove_partial_files(step.output_dir)  # temporaries of a killed run: never resumed from
             try:
                 with step_progress(key, step.step, work):
-                    result = function(step, *args, **kwargs)
+                    result = function(step)
             finally:
                 remove_partial_files(step.output_dir)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})

@@ -23,25 +23,22 @@ class WorkerLogToJobLog(WorkerPlugin):
         self.log_file = log_file
 
     def setup(self, worker: Any) -> None:
-        plain = logging.FileHandler(self.log_file)
-        line = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
-        plain.setFormatter(PlainFormatter(line))
-        runs = logging.FileHandler(self.log_file)
-        runs.setFormatter(JobLogFormatter())
-        for handler in (plain, runs):
-            handler.addFilter(RedactingFilter())
+        # the job log's lines, as the flow process writes them (also Dask's, as there)
+        job_log = logging.FileHandler(self.log_file)
+        job_log.setFormatter(JobLogFormatter())
+        job_log.addFilter(RedactingFilter())
         for name in ("distributed", "tornado"):
             logger = logging.getLogger(name)
             for console in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
                 logger.removeHandler(console)
-            logger.addHandler(plain)
+            logger.addHandler(job_log)
         # configures Prefect's logging, which would drop a handler added before
         import prefect.main  # noqa: F401
 
         # the root logger's console is Prefect's: not for them here
         for name in ("prefect", "dupflow"):
             logger = logging.getLogger(name)
-            logger.addHandler(runs)
+            logger.addHandler(job_log)
             logger.propagate = False
         logging.getLogger("dupflow").setLevel(logging.INFO)
         for terminal in stream_handlers():  # what still reaches the terminal: plain

@@ -21,7 +21,7 @@ from tasks.sof.crtdl_views import (
     csv_file_name,
 )
 from tasks.sof.flatten import GroupPlan
-from tasks.sof.lookup import LookupTable, load_lookup
+from tasks.sof.lookup import load_lookup
 
 log = logging.getLogger("dupflow.flattening")
 
@@ -38,8 +38,28 @@ def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> Pla
         groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
     except (OSError, ValueError) as exc:
         raise FlatteningError(f"cannot read the CRTDL {crtdl_path}: {exc}") from exc
+    views, skipped = [], []
     with engine_errors_as_step_errors():
-        views, skipped = built_views(groups, load_lookup(lookup_path), warn)
+        tables = load_lookup(lookup_path)
+        for group in groups:
+            if (table := tables.get(group.profile)) is None:
+                if warn:
+                    log.warning(
+                        "attribute group %r is skipped: the lookup file has no table for "
+                        "profile %s",
+                        group.name,
+                        group.profile,
+                    )
+                skipped.append(group)
+                continue
+            built = build_view(group, table)
+            if built.skipped_attributes and warn:
+                log.warning(
+                    "attribute group %r: no lookup element for %s (left out of its CSV)",
+                    group.name,
+                    ", ".join(built.skipped_attributes),
+                )
+            views.append(built)
     if warn:
         warn_shared_names(groups)
     names = Counter(view.group.csv_name.casefold() for view in views)
@@ -63,31 +83,6 @@ def warn_shared_names(groups: list[AttributeGroup]) -> None:
             same[0].name,
             " and ".join(repr(group.csv_name) for group in same),
         )
-
-
-def built_views(
-    groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool
-) -> PlannedViews:
-    views, skipped = [], []
-    for group in groups:
-        if (table := tables.get(group.profile)) is None:
-            if warn:
-                log.warning(
-                    "attribute group %r is skipped: the lookup file has no table for profile %s",
-                    group.name,
-                    group.profile,
-                )
-            skipped.append(group)
-            continue
-        built = build_view(group, table)
-        if built.skipped_attributes and warn:
-            log.warning(
-                "attribute group %r: no lookup element for %s (left out of its CSV)",
-                group.name,
-                ", ".join(built.skipped_attributes),
-            )
-        views.append(built)
-    return views, skipped
 
 
 @dataclass(frozen=True)

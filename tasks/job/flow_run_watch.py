@@ -19,7 +19,6 @@ from tasks.streams.fanout import Cancelled, cancel_scope
 R = TypeVar("R")
 
 WATCH_EVERY_SECONDS = 2.0
-_OVER = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
 log = logging.getLogger("dupflow.dask")
 
 
@@ -101,8 +100,8 @@ class _Watch(threading.Thread):
             return None
         self.attempt = run.run_count if self.attempt is None else self.attempt
         state = run.state
-        if run.run_count != self.attempt or (state is not None and state.type.value == "PENDING"):
+        if run.run_count != self.attempt or (state is not None and state.is_pending()):
             return "a later attempt of the flow run began: the job was continued"
-        if state is None or state.type.value not in _OVER:
+        if state is None or not (state.is_final() or state.is_cancelling()):
             return None
         return plain_text(f"{state.name}: {state.message}" if state.message else state.name)

@@ -1,10 +1,10 @@
-"""What the steps share besides their contract: NDJSON writing, downloads, batches.
+"""What the steps share besides their contract: NDJSON writing, downloads, reports.
 
-Note: for the steps that send every file through a service: batches one at a time, answers written
-in request order, a report of a row per file.
+Note: for the steps that send every file through a service: answers written in request order, a
+report of a row per file.
 """
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 from typing import TypedDict, TypeVar
@@ -16,7 +16,6 @@ from config.settings import Settings
 from tasks.clients.downloads import download_ndjson
 from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import StepInput
-from tasks.job.filework import FileToDo, map_batches
 from tasks.job.layout import step_artifact_key
 from tasks.streams.fanout import ordered_map, raise_if_cancelled
 from tasks.streams.ndjson import CompressionLevel, FileStats
@@ -87,17 +86,6 @@ def file_shape(path: str | None) -> JsonObject:
         "size": found and found.st_size,
         "modified_ns": found and found.st_mtime_ns,
     }
-
-
-def one_batch_at_a_time(
-    batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]
-) -> list[T]:
-    """Run ``map_batches`` one batch at a time, on Dask too.
-
-    Why: a file's own requests keep its service busy, and the service's ``max_concurrent_requests``
-    is the step's.
-    """
-    return map_batches(batch_task, step, files, workers=1)
 
 
 def write_answers(
