@@ -42,18 +42,18 @@ class _LogTracker(Tracker):
         self._done += amount
         if (now := time.monotonic()) - self._last >= LOG_EVERY_SECONDS:
             self._last = now
-            logger.info("%s", self.describe(now))
+            logger.info("%s", self.describe())
 
     def set_total(self, total: int) -> None:
         self._total = total
 
-    def describe(self, now: float, done: bool = False) -> str:
+    def describe(self, done: bool = False) -> str:
         """Describe the progress in one line.
 
         Note: ``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2
         s at 1.5 MB/s``.
         """
-        elapsed = max(now - self._started, 1e-9)
+        elapsed = max(time.monotonic() - self._started, 1e-9)
         rate = self._done / elapsed
         amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
         if done:
@@ -115,7 +115,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
     else:
         tracker = _LogTracker(label, total, unit)
         yield tracker
-        logger.info("%s", tracker.describe(time.monotonic(), done=True))
+        logger.info("%s", tracker.describe(done=True))
 
 
 @dataclass(frozen=True)
@@ -241,7 +241,7 @@ class StepProgress:
                 known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
                 if not known_work or (stopped and self._artifact.id is None):
                     return
-                percent, description = self._measure(time.monotonic(), finished, stopped)
+                percent, description = self._measure(finished, stopped)
             self._artifact.write(percent, description)
         finally:
             self._publishing.release()
@@ -249,7 +249,7 @@ class StepProgress:
     def _files_known(self) -> int:
         return self.files_expected or self._work.files
 
-    def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
+    def _measure(self, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "lines" if "lines" in self._done else "B"
         done = self._done[unit]
         known = self._files_known()
@@ -269,7 +269,7 @@ class StepProgress:
             ", ".join(_human(amount, name) for name, amount in sorted(self._done.items()))
             or "nothing yet"
         )
-        rate = _human(done / max(now - self._started, 1e-9), unit)
+        rate = _human(done / max(time.monotonic() - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
         return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
 
