@@ -110,7 +110,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
     if _display == "none":
         yield Tracker()
     elif _display == "bar":
-        with _board.bar(label, total, unit) as tracker:
+        with _bar(label, total, unit) as tracker:
             yield tracker
     else:
         tracker = _LogTracker(label, total, unit)
@@ -323,34 +323,33 @@ class ProgressArtifact:
             logger.warning("progress artifact %s not updated any more: %s", self.key, exc)
 
 
-class _Board:
-    """This process's bars as tasks of one rich ``Progress``, from first bar to last.
+_bars_lock = threading.Lock()
+_bars: Any = None  # the rich Progress of the bars shown now
+
+
+@contextmanager
+def _bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
+    """Show a bar as a task of this process's one rich ``Progress``, from first bar to last.
 
     Why: rich draws one live display at a time, and a second ``Progress`` would nest in the first
     and vanish when that one ends.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._progress: Any = None
-
-    @contextmanager
-    def bar(self, label: str, total: int | None, unit: str) -> Iterator[Tracker]:
-        with self._lock:
-            if self._progress is None:
-                self._progress = _new_rich_progress()
-                self._progress.start()
-            progress = self._progress
-            task_id = progress.add_task(label, total=total, unit=unit)
-        try:
-            yield _Bar(progress, task_id)
-        finally:
-            with self._lock:
-                progress.refresh()  # the bar's last state is drawn once before it goes
-                progress.remove_task(task_id)
-                if not progress.tasks:
-                    progress.stop()
-                    self._progress = None
+    global _bars
+    with _bars_lock:
+        if _bars is None:
+            _bars = _new_rich_progress()
+            _bars.start()
+        progress = _bars
+        task_id = progress.add_task(label, total=total, unit=unit)
+    try:
+        yield _Bar(progress, task_id)
+    finally:
+        with _bars_lock:
+            progress.refresh()  # the bar's last state is drawn once before it goes
+            progress.remove_task(task_id)
+            if not progress.tasks:
+                progress.stop()
+                _bars = None
 
 
 @dataclass
@@ -363,9 +362,6 @@ class _Bar(Tracker):
 
     def set_total(self, total: int) -> None:
         self.progress.update(self.task_id, total=total)
-
-
-_board = _Board()
 
 
 def _new_rich_progress() -> Any:
