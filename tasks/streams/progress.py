@@ -146,9 +146,6 @@ class FileWork(Tracker):
         self.shown.set_total(total)
         self.aggregate.set_total(self, total)
 
-    def fraction(self) -> float:
-        return min(1.0, self.done / self.total) if self.total else 0.0
-
 
 _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
     "step_progress", default=None
@@ -277,7 +274,11 @@ class StepProgress:
         if total := (self._work.lines if unit == "lines" else self._work.size):
             return done / total
         if self.files_expected:
-            in_work = sum(work.files * work.fraction() for work in self._in_work)
+            in_work = sum(
+                work.files * min(1.0, work.done / work.total)
+                for work in self._in_work
+                if work.total
+            )
             return (self._files_finished + in_work) / self.files_expected
         if total := self._totals[unit]:
             return done / total
