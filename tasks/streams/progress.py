@@ -311,14 +311,12 @@ class ProgressArtifact:
         if self.run is None:
             return
         self._next_write = time.monotonic() + ARTIFACT_EVERY_SECONDS
+        run = self._made_in.copy().run
         try:
             if self.id is None:
-                made = self._made_in.copy().run(
-                    create_progress_artifact, percent, self.key, description
-                )
-                self.id = cast(UUID, made)
+                self.id = cast(UUID, run(create_progress_artifact, percent, self.key, description))
             else:
-                self._made_in.copy().run(update_progress_artifact, self.id, percent, description)
+                run(update_progress_artifact, self.id, percent, description)
         except Exception as exc:
             self._next_write = float("inf")
             logger.warning("progress artifact %s not updated any more: %s", self.key, exc)
