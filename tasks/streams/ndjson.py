@@ -161,7 +161,7 @@ def bytes_after(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
         if count >= len(chunk):
             count -= len(chunk)
             continue
-        yield chunk[count:] if count else chunk
+        yield chunk[count:]  # the chunk itself from 0
         count = 0
 
 
@@ -170,7 +170,7 @@ def bytes_upto(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
     for chunk in chunks:
         if count <= 0:
             return
-        yield chunk[:count] if len(chunk) > count else chunk
+        yield chunk[:count]  # the chunk itself if no longer
         count -= len(chunk)
 
 
