@@ -244,11 +244,11 @@ def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, i
     with open(path, "rb") as data:
         for share in range(1, count):
             data.seek(max(cuts[-1], start + (end - start) * share // count))
-            while (piece := data.read(CUT_READ_BYTES)) and (newline := piece.find(b"\n")) < 0:
+            while (piece := data.readline(CUT_READ_BYTES)) and not piece.endswith(b"\n"):
                 pass
             if not piece:
                 break
-            cuts.append(data.tell() - len(piece) + newline + 1)
+            cuts.append(data.tell())
     return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [
         (start, end)
     ]
