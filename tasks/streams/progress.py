@@ -374,9 +374,11 @@ def _new_rich_progress() -> Any:
         MofNCompleteColumn,
         Progress,
         ProgressColumn,
+        Task,
         TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
     )
-    from rich.progress import Task, TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
