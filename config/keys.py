@@ -4,7 +4,7 @@ Every settable leaf, the secret ones, the APP_* variable of each, and the model 
 path.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cache, reduce
 from typing import get_args
 
@@ -15,7 +15,6 @@ from config.services import LEGACY_KEY_PATHS
 from config.settings import Settings
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
-ModelOf = Callable[[object], type[BaseModel] | None]
 
 
 def _direct_model(annotation: object) -> type[BaseModel] | None:
@@ -30,18 +29,18 @@ def _nested_model(annotation: object) -> type[BaseModel] | None:
     return _direct_model(annotation) or next(inner, None)
 
 
-def _leaves(model: type[BaseModel], prefix: str, nested: ModelOf) -> Iterator[tuple[str, object]]:
-    """(path, annotation) of each leaf below ``model``, as ``nested`` finds them."""
+def _leaves(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, object]]:
+    """(path, annotation) of each leaf below ``model``; a list is one leaf."""
     for name, info in model.model_fields.items():
         path = join_key_path(prefix, name)
-        inner = nested(info.annotation)
-        yield from _leaves(inner, path, nested) if inner else [(path, info.annotation)]
+        inner = _direct_model(info.annotation)
+        yield from _leaves(inner, path) if inner else [(path, info.annotation)]
 
 
 @cache
 def leaf_paths() -> tuple[str, ...]:
     """Every settable key as a dotted path, in model order; a list is one leaf."""
-    return tuple(path for path, _ in _leaves(Settings, "", _direct_model))
+    return tuple(path for path, _ in _leaves(Settings, ""))
 
 
 def _holds_secret(annotation: object) -> bool:
@@ -52,8 +51,7 @@ def _holds_secret(annotation: object) -> bool:
 @cache
 def secret_key_paths() -> frozenset[str]:
     """Dotted paths of every secret key (SecretStr), deprecated flat keys included."""
-    leaves = _leaves(Settings, "", _nested_model)
-    secrets = {path for path, annotation in leaves if _holds_secret(annotation)}
+    secrets = {path for path, annotation in _leaves(Settings, "") if _holds_secret(annotation)}
     deprecated = {old for old, current in LEGACY_KEY_PATHS.items() if current in secrets}
     return frozenset(secrets | deprecated)
 

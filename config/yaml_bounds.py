@@ -38,10 +38,10 @@ def yaml_shape_problem(text: str) -> tuple[str, yaml.Mark] | None:
     open_nodes: list[list[Any]] = [[None, 0]]
     for event in yaml.parse(text, Loader=YamlLoader):
         anchor, size, problem = None, 0, None
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+        if isinstance(event, yaml.CollectionStartEvent):  # a mapping or a sequence
             open_nodes.append([event.anchor, 1])
             problem = _TOO_DEEP if len(open_nodes) - 1 > MAX_YAML_DEPTH else None
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+        elif isinstance(event, yaml.CollectionEndEvent):
             anchor, size = open_nodes.pop()
         elif isinstance(event, yaml.ScalarEvent):
             anchor, size = event.anchor, 1

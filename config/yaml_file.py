@@ -53,8 +53,7 @@ def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) 
 
 def _read_text(config_path: Path) -> str:
     try:
-        with open(config_path, "rb") as file:
-            data = read_at_most(file, MAX_CONFIG_BYTES)
+        data = read_at_most(config_path, MAX_CONFIG_BYTES)
     except OSError as error:
         raise _file_problem(
             config_path, f"cannot read the file ({error.strerror}); check the path"

@@ -8,8 +8,6 @@ limit is read (``/dev/zero`` is never read to its end), and nesting deeper than
 import json
 import stat
 from pathlib import Path
-from typing import BinaryIO
-
 from tasks.core.errors import DupflowError
 from tasks.core.json_shapes import JSON
 
@@ -28,24 +26,24 @@ def read_json_file(path: Path, max_bytes: int, label: str) -> JSON:
     return parse_json_document(read_limited(path, max_bytes, label), label)
 
 
-def read_at_most(file: BinaryIO, limit: int) -> bytes:
-    """The rest of ``file``, or its next ``limit + 1`` bytes (then it is too large).
+def read_at_most(path: Path, limit: int) -> bytes:
+    """The file's bytes, or its first ``limit + 1`` bytes (then it is too large).
 
     Why: read in pieces, as one ``read(limit + 1)`` asks the allocator for the whole limit at
     once (64 MB for each job record read).
     """
     pieces: list[bytes] = []
     total = 0
-    while total <= limit and (piece := file.read(min(READ_PIECE_BYTES, limit + 1 - total))):
-        pieces.append(piece)
-        total += len(piece)
+    with open(path, "rb") as file:
+        while total <= limit and (piece := file.read(min(READ_PIECE_BYTES, limit + 1 - total))):
+            pieces.append(piece)
+            total += len(piece)
     return b"".join(pieces)
 
 
 def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
     try:
-        with open(path, "rb") as file:
-            data = read_at_most(file, max_bytes)
+        data = read_at_most(path, max_bytes)
     except OSError as exc:
         raise JsonFileError(f"cannot read {label}: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
@@ -86,8 +84,7 @@ def read_settings_file(path: Path, key: str) -> bytes:
     if problem := settings_file_problem(path):
         raise JsonFileError(f"{key}: {problem}")
     try:
-        with open(path, "rb") as file:
-            data = read_at_most(file, MAX_SETTINGS_FILE_BYTES)
+        data = read_at_most(path, MAX_SETTINGS_FILE_BYTES)
     except OSError as exc:
         reason = exc.strerror or exc
         raise JsonFileError(

@@ -9,7 +9,6 @@ import fcntl
 import functools
 import os
 import uuid
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,9 +90,7 @@ def start_writeback(fd: int) -> bool:
 
 @functools.cache
 def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    function = (
-        getattr(ctypes.CDLL(None), "sync_file_range", None) if sys.platform == "linux" else None
-    )
+    function = getattr(ctypes.CDLL(None), "sync_file_range", None)  # Linux's alone
     if function is not None:
         function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return function

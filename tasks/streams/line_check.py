@@ -17,8 +17,8 @@ from tasks.streams.ndjson import (
     bytes_upto,
     iter_chunks,
     parse_resource,
+    raw_chunks,
 )
-from tasks.streams.ndjson import raw_chunks
 
 UTF8_BOM = b"\xef\xbb\xbf"
 # a line checker keeps simdjson's buffers for lines up to this size, not larger

@@ -161,7 +161,7 @@ def bytes_after(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
         if count >= len(chunk):
             count -= len(chunk)
             continue
-        yield chunk[count:] if count else chunk
+        yield chunk[count:]  # the chunk itself from 0
         count = 0
 
 
@@ -170,7 +170,7 @@ def bytes_upto(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
     for chunk in chunks:
         if count <= 0:
             return
-        yield chunk[:count] if len(chunk) > count else chunk
+        yield chunk[:count]  # the chunk itself if no longer
         count -= len(chunk)
 
 
@@ -393,12 +393,16 @@ class LineSplitter:
         return line
 
     def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
-        """The offset after the blank lines from ``start``, counted at once; 0 if none."""
-        after, lines = blank_lines_at(chunk, start)
-        if not lines:
+        """The offset after the whole blank lines from ``start``, counted at once; 0 if none.
+
+        Why: found at C speed, so a file of nothing but newlines (as a decompression bomb makes)
+        is not read one line at a time.
+        """
+        after = chunk.rfind(b"\n", start, first_non_blank(chunk, start)) + 1
+        if after <= start:
             return 0
         self._add_blank_lines(self.number + 1, after - start)
-        self.number += lines
+        self.number += chunk.count(b"\n", start, after)
         return after
 
     def _add_blank_lines(self, first_line: int, size: int) -> None:
@@ -415,19 +419,6 @@ class LineSplitter:
                 f"line {self._blank_run_from} on (the limit is pipeline.max_ndjson_line_size_mb); "
                 "this is not NDJSON data: check how the file was made"
             )
-
-
-def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
-    """Find the run of whole blank lines from ``start`` (a line's start) in ``chunk``.
-
-    Note: returns (offset after its last newline, lines in it), or ``(start, 0)``.
-    Why: found at C speed, so a file of nothing but newlines (as a decompression bomb makes) is not
-    read one line at a time.
-    """
-    run_end = chunk.rfind(b"\n", start, first_non_blank(chunk, start)) + 1
-    if run_end <= start:
-        return start, 0
-    return run_end, chunk.count(b"\n", start, run_end)
 
 
 def first_non_blank(chunk: bytes | bytearray, start: int) -> int:

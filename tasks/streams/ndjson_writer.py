@@ -19,16 +19,24 @@ import zstandard
 from tasks.streams.fanout import unless_cancelled
 from tasks.streams.files import close_synced, start_writeback
 from tasks.streams.line_check import LineChecker, LineCounts, check_plain_span
-from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, ZSTD_LEVELS, CompressionLevel, FileStats
-from tasks.streams.ndjson import NdjsonError, is_zstd, iter_chunks
+from tasks.streams.ndjson import (
+    PART_PREFIX,
+    PART_SUFFIX,
+    ZSTD_LEVELS,
+    CompressionLevel,
+    FileStats,
+    NdjsonError,
+    is_zstd,
+    iter_chunks,
+)
 from tasks.streams.processes import (
     ProcessCalls,
     never_cancelled,
     pool_size,
     processes_allowed,
     run_in_process,
+    start_workers,
 )
-from tasks.streams.processes import start_workers
 
 # A plain file of at least this size whose writer is told its size (local_import's) is checked in
 # worker processes beside the copy; below, the pool's start costs more. Downloads check as lines
@@ -244,11 +252,11 @@ def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, i
     with open(path, "rb") as data:
         for share in range(1, count):
             data.seek(max(cuts[-1], start + (end - start) * share // count))
-            while (piece := data.read(CUT_READ_BYTES)) and (newline := piece.find(b"\n")) < 0:
+            while (piece := data.readline(CUT_READ_BYTES)) and not piece.endswith(b"\n"):
                 pass
             if not piece:
                 break
-            cuts.append(data.tell() - len(piece) + newline + 1)
+            cuts.append(data.tell())
     return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [
         (start, end)
     ]

@@ -86,7 +86,7 @@ def pool_size() -> int:
 
     Why: each worker holds its own interpreter in memory.
     """
-    return max(1, min(os.cpu_count() or 1, MAX_PROCESSES))
+    return min(os.cpu_count() or 1, MAX_PROCESSES)
 
 
 def processes_allowed() -> bool:

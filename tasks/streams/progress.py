@@ -42,18 +42,18 @@ class _LogTracker(Tracker):
         self._done += amount
         if (now := time.monotonic()) - self._last >= LOG_EVERY_SECONDS:
             self._last = now
-            logger.info("%s", self.describe(now))
+            logger.info("%s", self.describe())
 
     def set_total(self, total: int) -> None:
         self._total = total
 
-    def describe(self, now: float, done: bool = False) -> str:
+    def describe(self, done: bool = False) -> str:
         """Describe the progress in one line.
 
         Note: ``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2
         s at 1.5 MB/s``.
         """
-        elapsed = max(now - self._started, 1e-9)
+        elapsed = max(time.monotonic() - self._started, 1e-9)
         rate = self._done / elapsed
         amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
         if done:
@@ -110,12 +110,12 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
     if _display == "none":
         yield Tracker()
     elif _display == "bar":
-        with _board.bar(label, total, unit) as tracker:
+        with _bar(label, total, unit) as tracker:
             yield tracker
     else:
         tracker = _LogTracker(label, total, unit)
         yield tracker
-        logger.info("%s", tracker.describe(time.monotonic(), done=True))
+        logger.info("%s", tracker.describe(done=True))
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,6 @@ class FileWork(Tracker):
     def set_total(self, total: int) -> None:
         self.shown.set_total(total)
         self.aggregate.set_total(self, total)
-
-    def fraction(self) -> float:
-        return min(1.0, self.done / self.total) if self.total else 0.0
 
 
 _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar(
@@ -241,7 +238,7 @@ class StepProgress:
                 known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
                 if not known_work or (stopped and self._artifact.id is None):
                     return
-                percent, description = self._measure(time.monotonic(), finished, stopped)
+                percent, description = self._measure(finished, stopped)
             self._artifact.write(percent, description)
         finally:
             self._publishing.release()
@@ -249,7 +246,7 @@ class StepProgress:
     def _files_known(self) -> int:
         return self.files_expected or self._work.files
 
-    def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
+    def _measure(self, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "lines" if "lines" in self._done else "B"
         done = self._done[unit]
         known = self._files_known()
@@ -269,7 +266,7 @@ class StepProgress:
             ", ".join(_human(amount, name) for name, amount in sorted(self._done.items()))
             or "nothing yet"
         )
-        rate = _human(done / max(now - self._started, 1e-9), unit)
+        rate = _human(done / max(time.monotonic() - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
         return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
 
@@ -277,7 +274,11 @@ class StepProgress:
         if total := (self._work.lines if unit == "lines" else self._work.size):
             return done / total
         if self.files_expected:
-            in_work = sum(work.files * work.fraction() for work in self._in_work)
+            in_work = sum(
+                work.files * min(1.0, work.done / work.total)
+                for work in self._in_work
+                if work.total
+            )
             return (self._files_finished + in_work) / self.files_expected
         if total := self._totals[unit]:
             return done / total
@@ -310,47 +311,44 @@ class ProgressArtifact:
         if self.run is None:
             return
         self._next_write = time.monotonic() + ARTIFACT_EVERY_SECONDS
+        run = self._made_in.copy().run
         try:
             if self.id is None:
-                made = self._made_in.copy().run(
-                    create_progress_artifact, percent, self.key, description
-                )
-                self.id = cast(UUID, made)
+                self.id = cast(UUID, run(create_progress_artifact, percent, self.key, description))
             else:
-                self._made_in.copy().run(update_progress_artifact, self.id, percent, description)
+                run(update_progress_artifact, self.id, percent, description)
         except Exception as exc:
             self._next_write = float("inf")
             logger.warning("progress artifact %s not updated any more: %s", self.key, exc)
 
 
-class _Board:
-    """This process's bars as tasks of one rich ``Progress``, from first bar to last.
+_bars_lock = threading.Lock()
+_bars: Any = None  # the rich Progress of the bars shown now
+
+
+@contextmanager
+def _bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
+    """Show a bar as a task of this process's one rich ``Progress``, from first bar to last.
 
     Why: rich draws one live display at a time, and a second ``Progress`` would nest in the first
     and vanish when that one ends.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._progress: Any = None
-
-    @contextmanager
-    def bar(self, label: str, total: int | None, unit: str) -> Iterator[Tracker]:
-        with self._lock:
-            if self._progress is None:
-                self._progress = _new_rich_progress()
-                self._progress.start()
-            progress = self._progress
-            task_id = progress.add_task(label, total=total, unit=unit)
-        try:
-            yield _Bar(progress, task_id)
-        finally:
-            with self._lock:
-                progress.refresh()  # the bar's last state is drawn once before it goes
-                progress.remove_task(task_id)
-                if not progress.tasks:
-                    progress.stop()
-                    self._progress = None
+    global _bars
+    with _bars_lock:
+        if _bars is None:
+            _bars = _new_rich_progress()
+            _bars.start()
+        progress = _bars
+        task_id = progress.add_task(label, total=total, unit=unit)
+    try:
+        yield _Bar(progress, task_id)
+    finally:
+        with _bars_lock:
+            progress.refresh()  # the bar's last state is drawn once before it goes
+            progress.remove_task(task_id)
+            if not progress.tasks:
+                progress.stop()
+                _bars = None
 
 
 @dataclass
@@ -365,9 +363,6 @@ class _Bar(Tracker):
         self.progress.update(self.task_id, total=total)
 
 
-_board = _Board()
-
-
 def _new_rich_progress() -> Any:
     """Make rich's columns by a task's unit: sizes and speed for bytes, else counts.
 
@@ -379,9 +374,11 @@ def _new_rich_progress() -> Any:
         MofNCompleteColumn,
         Progress,
         ProgressColumn,
+        Task,
         TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
     )
-    from rich.progress import Task, TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
