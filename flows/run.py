@@ -65,7 +65,7 @@ from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import COMPLETED, UNKNOWN, JobRecord, read_record
+from tasks.job.record import COMPLETED, JobRecord, read_record
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -296,7 +296,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
         refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)
         prefect_server.use_server()  # the job's state is its flow run's there
         run = newest_run(paths)
-        state = run_state(run) or UNKNOWN
+        state = run_state(run)
         if run and run.get("work_pool_name") and state in SCHEDULED_NAMES:
             raise UsageError(
                 f"job {job.job_id}: its deployment run is {state} on the server: a worker takes "
