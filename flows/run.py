@@ -50,10 +50,10 @@ from flows.job_state import (
     suspended_message,
 )
 from flows.jobs import (
+    checked_attach,
     check_new_job,
     prepare_job,
     refuse_extraction_flags_of_a_followed_url,
-    refuse_invisible_url_characters,
     step_file_problems,
 )
 from flows.run_logging import job_logging, take_interrupts
@@ -63,7 +63,6 @@ from tasks.core.errors import UsageError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
-from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths
 from tasks.job.record import COMPLETED, JobRecord, read_record
 
@@ -282,13 +281,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
     Note: of two at once the second exits 2 and records nothing.
     """
     overrides, _ = overrides_from_flags(args)
-    refuse_invisible_url_characters(args.attach, "--attach")
-    refuse_credentials_in_url(
-        args.attach,
-        door="--attach",
-        fix="give the status URL without them; the credentials come from services.extractor.auth",
-        tokens=True,
-    )
+    checked_attach(args.attach, "--attach")
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         job = read_record(paths.job_dir)
