@@ -139,25 +139,26 @@ def ensure_runner(api_url: str) -> None:
     of the command line's jobs.
     """
     home = prefect_home()
-    with exclusive_lock(home / LOCK_FILE), suppress(OSError, ValueError):
-        if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
-            return
-    with exclusive_lock(home / LOCK_FILE), open(home / RUNNER_LOG, "ab") as out:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": api_url,
-            "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
-        }
-        command = [sys.executable, "-m", *RUNNER_COMMAND]
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            cwd=home,
-            env=env,
-            start_new_session=True,
-        )
+    with exclusive_lock(home / LOCK_FILE):
+        with suppress(OSError, ValueError):
+            if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
+                return
+        with open(home / RUNNER_LOG, "ab") as out:
+            env = {
+                **os.environ,
+                "PREFECT_API_URL": api_url,
+                "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
+            }
+            command = [sys.executable, "-m", *RUNNER_COMMAND]
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=home,
+                env=env,
+                start_new_session=True,
+            )
         write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
 
 
