@@ -78,7 +78,7 @@ class JobRecordCard:
         self._failed: BaseException | None = None
         self._state, self._message = RUNNING, ""
 
-    def set_state(self, state: str, message: str = "") -> None:
+    def set_state(self, state: str, message: str) -> None:
         """The job's state (and its message, redacted already), published now."""
         self._state, self._message = state, message
         self.refresh()

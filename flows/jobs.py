@@ -89,9 +89,7 @@ def prepare_job(
     return Job(paths, record, settings)
 
 
-def existing_job(
-    paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set"
-) -> Job:
+def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str) -> Job:
     """Find a job again; ``overrides`` replace its frozen ones ("fix and continue").
 
     Note: they are checked before they are stored, their paths frozen absolute as at ``start``.
