@@ -433,17 +433,14 @@ def serves_home(record: ServerRecord, home: Path) -> bool:
     never stopped for it.
     """
     answer = api_answer(record.url, "/admin/settings", TIMEOUT)
-    if answer is not None and answer[0] in REFUSED:
+    if answer[0] in REFUSED:
         raise refused_login(record.url, answer[0])
     return settings_of_home(answer, record, home)
 
 
-def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) -> bool:
-    """Say whether ``answer`` (``/admin/settings``) is that of ``home``'s server.
-
-    Note: None is no answer.
-    """
-    status, body = answer or (None, b"")
+def settings_of_home(answer: Answer, record: ServerRecord, home: Path) -> bool:
+    """Say whether ``answer`` (``/admin/settings``) is that of ``home``'s server."""
+    status, body = answer
     try:
         settings = json.loads(body)
         same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
@@ -453,7 +450,7 @@ def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) ->
 
 
 def is_healthy(url: str) -> bool:
-    return (api_answer(url, "/health", PROBE_TIMEOUT) or (None,))[0] == 200
+    return api_answer(url, "/health", PROBE_TIMEOUT)[0] == 200
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:
