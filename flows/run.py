@@ -199,6 +199,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     """The flags as (key → raw value, key → flag label); a secret is refused.
 
     Why: the flags end up in the flow run's parameters.
+    Note: a key without a label was set by ``--set``, as the configuration's loader names it.
     """
     overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
@@ -207,7 +208,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
             raise UsageError(
                 f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3"
             )
-        overrides[key], labels[key] = value, f"--set {key}"
+        overrides[key] = value
     refuse_secret_overrides(overrides, "--set")
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
