@@ -128,7 +128,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        return start_server(home, startup_timeout, previous=record).url
+        return start_server(home, startup_timeout, record).url
 
 
 def ensure_runner(api_url: str) -> None:
@@ -226,9 +226,7 @@ def new_database_note(home: Path) -> str | None:
     )
 
 
-def start_server(
-    home: Path, startup_timeout: float, previous: ServerRecord | None = None
-) -> ServerRecord:
+def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None) -> ServerRecord:
     """Start a server, record it, wait until it is healthy.
 
     Note: again on the next free port if another program or home's server took it first.
