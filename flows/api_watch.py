@@ -83,7 +83,7 @@ def probe(api_url: str) -> Loss | None:
     """
     answer = api_answer(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
-    if answer is None:
+    if not answer[0]:
         reason = f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)"
         return Loss(LOST_AFTER, reason, SERVER_RUNS)
     if answer[0] == NO_DATABASE[0] and NO_DATABASE[1] in answer[1]:
@@ -117,7 +117,7 @@ def shown_settings(api_url: str) -> Answer | None:
     Note: none in time, a 5xx, 401 or 403 tell nothing.
     """
     answer = api_answer(api_url, "/admin/settings", PROBE_TIMEOUT)
-    return None if answer is None or answer[0] in REFUSED or answer[0] >= 500 else answer
+    return None if not answer[0] or answer[0] in REFUSED or answer[0] >= 500 else answer
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:

@@ -83,26 +83,19 @@ def register_extraction(
     )
     listing.set_defaults(command=command(cmd_list))
 
-    show = sub.add_parser(
-        "show", parents=[common, job_ref], help="one job: progress and consent audit files"
+    on_a_job = {
+        "show": ("one job: progress and consent audit files", cmd_show),
+        **{operation: (text, cmd_control) for operation, (text, _, _) in CONTROLS.items()},
+        "priority": ("raise or lower a job's priority", cmd_control),
+        "delete": ("delete a job and its result files", cmd_delete),
+    }
+    for operation, (text, handler) in on_a_job.items():
+        each = sub.add_parser(operation, parents=[common, job_ref], help=text)
+        each.set_defaults(command=command(handler), operation=operation)
+    sub.choices["priority"].add_argument("level", choices=("high", "normal"))
+    sub.choices["delete"].add_argument(
+        "--yes", action="store_true", help="do not ask for confirmation"
     )
-    show.set_defaults(command=command(cmd_show))
-
-    for operation, (text, _, _) in CONTROLS.items():
-        control = sub.add_parser(operation, parents=[common, job_ref], help=text)
-        control.set_defaults(command=command(cmd_control), operation=operation)
-
-    priority = sub.add_parser(
-        "priority", parents=[common, job_ref], help="raise or lower a job's priority"
-    )
-    priority.add_argument("level", choices=("high", "normal"))
-    priority.set_defaults(command=command(cmd_control), operation="priority")
-
-    delete = sub.add_parser(
-        "delete", parents=[common, job_ref], help="delete a job and its result files"
-    )
-    delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    delete.set_defaults(command=command(cmd_delete))
 
 
 def register_cohort(

@@ -103,10 +103,6 @@ class Candidate:
     artifact_ids: list[str] = field(default_factory=list)
     left_running: str | None = None  # what the job may have left running on the extraction server
 
-    @property
-    def job_id(self) -> str:
-        return self.paths.job_id
-
 
 @dataclass
 class Selection:
@@ -308,12 +304,12 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
         )
     for job in selection.chosen:
         print(
-            f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {size_text(job.size):>10}  "
-            f"{len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
+            f"{job.paths.job_id}  {job.state:<18}  {age(job.changed_at):>9}  "
+            f"{size_text(job.size):>10}  {len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
         )
     for job in selection.chosen:
         if job.left_running:
-            print(f"note {job.job_id}: {job.left_running}")
+            print(f"note {job.paths.job_id}: {job.left_running}")
     for name, why in selection.protected:
         print(f"kept {name}: {why}")
     if selection.not_matching:
@@ -333,7 +329,7 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
     )
     options = ["--older-than", args.older_than] if args.older_than else []
     options += [option for state in args.state or [] for option in ("--state", state)]
-    options += ["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else []
+    options += ["--jobs-dir", args.jobs_dir] if args.jobs_dir else []
     print(f"to remove them: {CLI} " + shlex.join(["prune", *options, "--yes"]))
 
 
@@ -386,16 +382,18 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
             why_not = remove_job(job, jobs_dir)
         except OSError as exc:
             failed += 1
-            trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
+            trash = jobs_dir / f"{PRUNING_PREFIX}{job.paths.job_id}"
             left = f" (it is left as {trash})" if trash.exists() else ""
-            print_stderr(f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}")
+            print_stderr(
+                f"error: {job.paths.job_id} could not be removed{left}: {removal_error(exc)}"
+            )
             continue
         if why_not:
-            print(f"skipped {job.job_id}: {why_not}")
+            print(f"skipped {job.paths.job_id}: {why_not}")
         else:
             removed += 1
             print(
-                f"removed {job.job_id} ({len(job.flow_run_ids)} flow run(s), "
+                f"removed {job.paths.job_id} ({len(job.flow_run_ids)} flow run(s), "
                 f"{len(job.artifact_ids)} artifact(s))"
             )
             if job.left_running:
@@ -423,7 +421,7 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
                 api_json("DELETE", f"/artifacts/{artifact_id}")
             for run_id in job.flow_run_ids:
                 api_json("DELETE", f"/flow_runs/{run_id}")
-            trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
+            trash = jobs_dir / f"{PRUNING_PREFIX}{job.paths.job_id}"
             # in one step: a kill in rmtree leaves no job that looks whole
             os.replace(job.paths.job_dir, trash)
             shutil.rmtree(trash)

@@ -78,7 +78,7 @@ class JobRecordCard:
         self._failed: BaseException | None = None
         self._state, self._message = RUNNING, ""
 
-    def set_state(self, state: str, message: str = "") -> None:
+    def set_state(self, state: str, message: str) -> None:
         """The job's state (and its message, redacted already), published now."""
         self._state, self._message = state, message
         self.refresh()
@@ -94,9 +94,7 @@ class JobRecordCard:
         place of the job's own outcome (a finished job stays Completed).
         """
         try:
-            markdown = job_record_markdown(
-                self._job, self._results, self._failed, self._state, self._message
-            )
+            markdown = self.markdown()
             key = artifact_key(self._job.job_id)
             self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
             if self._artifact_id is None:
@@ -111,6 +109,66 @@ class JobRecordCard:
                 "the job record could not be updated: %s", one_line(publish_error)
             )
 
+    def markdown(self) -> str:
+        """The job record: state, flow run, steps with artifact links, inspections, facts."""
+        job, results = self._job, self._results
+        # empty: links relative to the UI's own origin
+        base = (get_current_settings().ui_url or "").rstrip("/")
+        links = artifact_links(job.job_id, base)
+        record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
+        message = f" — {one_line_text(self._message)}" if self._message else ""
+        lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {self._state}**{message}", ""]
+        lines += [f"Job directory: `{job.paths.job_dir}`", ""]
+        if runtime.flow_run.id:
+            lines += [
+                "Latest flow run: "
+                f"[{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})",
+                "",
+            ]
+        lines += self.step_table(links, base)
+        lines += ["", step_time_text(results)]
+        if others := links.pop(None, []):
+            lines += ["", f"Other artifacts: {' · '.join(others)}"]
+        if inspections := inspection_lines(results):
+            lines += ["", "## Inspections", "", *inspections]
+        # an older record's may hold a secret
+        if facts := redact_strings(dict(sorted(record.facts.items()))):
+            lines += ["", "## Facts", "", *markdown_list(facts)]
+        return "\n".join(lines)
+
+    def step_table(self, links: dict[int | None, list[str]], base: str) -> list[str]:
+        """Return the steps' markdown table: done, failed, running (linked), not run yet."""
+        lines = [
+            "| # | step | state | folder | files | contents | size | time | artifacts |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self._results:
+            state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
+            took = "" if r.seconds is None else duration_text(r.seconds)
+            lines.append(
+                f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | "
+                f"{counts_text(r.files)} | {size_text(r.size)} | {took} | "
+                f"{step_links(links, r.position)} |"
+            )
+        pending = list(enumerate(self._job.settings.pipeline.enabled_steps))[len(self._results) :]
+        if self._failed is not None and pending:
+            (position, step), *pending = pending
+            cause = one_line(self._failed)
+            lines.append(
+                f"| {position + 1} | {step} | failed: {cause} | | | | | | "
+                f"{step_links(links, position)} |"
+            )
+        # the step at work: a link to its live progress
+        if self._failed is None and pending and self._state == RUNNING:
+            (position, step), *pending = pending
+            key = step_artifact_key(self._job.job_id, position, step, "progress")
+            progress = f"[progress]({base}/artifacts/key/{key})"
+            lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")
+        lines += [
+            f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending
+        ]
+        return lines
+
 
 def this_runs_artifact_id(key: str) -> Any:
     this_run = filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
@@ -118,75 +176,6 @@ def this_runs_artifact_id(key: str) -> Any:
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=by_key, limit=1)
     return found[0].id if found else None
-
-
-def job_record_markdown(
-    job: Job, results: list[StepResult], failed: BaseException | None, state: str, said: str
-) -> str:
-    """The job record: state, flow run, steps with artifact links, inspections, facts."""
-    # empty: links relative to the UI's own origin
-    base = (get_current_settings().ui_url or "").rstrip("/")
-    links = artifact_links(job.job_id, base)
-    record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
-    message = f" — {one_line_text(said)}" if said else ""
-    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {state}**{message}", ""]
-    lines += [f"Job directory: `{job.paths.job_dir}`", ""]
-    if runtime.flow_run.id:
-        lines += [
-            "Latest flow run: "
-            f"[{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})",
-            "",
-        ]
-    lines += step_table(job, results, failed, state, links, base)
-    lines += ["", step_time_text(results)]
-    if others := links.pop(None, []):
-        lines += ["", f"Other artifacts: {' · '.join(others)}"]
-    if inspections := inspection_lines(results):
-        lines += ["", "## Inspections", "", *inspections]
-    if facts := redact_strings(dict(sorted(record.facts.items()))):  # an older record's: a secret?
-        lines += ["", "## Facts", "", *markdown_list(facts)]
-    return "\n".join(lines)
-
-
-def step_table(
-    job: Job,
-    results: list[StepResult],
-    failed: BaseException | None,
-    job_state: str,
-    links: dict[int | None, list[str]],
-    base: str,
-) -> list[str]:
-    """Return the steps' markdown table: done, failed, running (linked), not run yet."""
-    lines = [
-        "| # | step | state | folder | files | contents | size | time | artifacts |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
-        took = "" if r.seconds is None else duration_text(r.seconds)
-        lines.append(
-            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | "
-            f"{counts_text(r.files)} | {size_text(r.size)} | {took} | "
-            f"{step_links(links, r.position)} |"
-        )
-    pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
-    if failed is not None and pending:
-        (position, step), *pending = pending
-        cause = one_line(failed)
-        lines.append(
-            f"| {position + 1} | {step} | failed: {cause} | | | | | | "
-            f"{step_links(links, position)} |"
-        )
-    # the step at work: a link to its live progress
-    if failed is None and pending and job_state == RUNNING:
-        (position, step), *pending = pending
-        key = step_artifact_key(job.job_id, position, step, "progress")
-        progress = f"[progress]({base}/artifacts/key/{key})"
-        lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")
-    lines += [
-        f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending
-    ]
-    return lines
 
 
 def markdown_list(value: Any) -> list[str]:

@@ -115,7 +115,7 @@ def current_states(jobs: list[JobPaths]) -> list[str]:
     Note: ``Unknown`` without one on this server.
     """
     runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
-    return [run_state(runs.get(paths.job_id)) or UNKNOWN for paths in jobs]
+    return [run_state(runs.get(paths.job_id)) for paths in jobs]
 
 
 def resume_hint(job_dir: Path) -> str:
@@ -163,10 +163,13 @@ def latest_runs(directories: dict[str, str]) -> dict[str, JsonObject]:
     return newest
 
 
-def run_state(run: JsonObject | None) -> str | None:
-    """A run's state name, made plain (any API client may name one); None for no run."""
+def run_state(run: JsonObject | None) -> str:
+    """A run's state name, made plain; Unknown for no run.
+
+    Why: any API client may name a state.
+    """
     name = (run or {}).get("state_name")  # the server's copy of its state's name
-    return plain_text(str(name)) if name else None
+    return plain_text(str(name)) if name else UNKNOWN
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:

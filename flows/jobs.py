@@ -26,7 +26,7 @@ from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
-from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
+from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,7 @@ def prepare_job(
     return Job(paths, record, settings)
 
 
-def existing_job(
-    paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set"
-) -> Job:
+def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str) -> Job:
     """Find a job again; ``overrides`` replace its frozen ones ("fix and continue").
 
     Note: they are checked before they are stored, their paths frozen absolute as at ``start``.
@@ -192,6 +190,27 @@ def refuse_invisible_url_characters(url: str | None, door: str) -> None:
         raise JobError(
             f"{door} contains the {kind} {code}, which no URL may have: it would not show as what "
             "it is in the job's record, status and logs; retype the URL without it"
+        )
+
+
+def checked_attach(attach: str | None, door: str = "attach") -> None:
+    """Check ``attach`` is an extraction's http(s) status URL without credentials.
+
+    Why: a form takes any text.
+    Note: ``door`` names where it was given (``continue --attach``, the flow's ``attach``).
+    """
+    refuse_invisible_url_characters(attach, door)
+    refuse_credentials_in_url(
+        attach,
+        door=door,
+        fix="give the status URL without them; the credentials come from services.extractor.auth",
+        tokens=True,
+    )
+    if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
+        raise JobError(
+            f"{door}: {shown_url(attach)!r} is not an http(s) status URL; give the URL the "
+            "extraction server's kick-off answered with (its Content-Location), as status and "
+            "extraction list show it"
         )
 
 

@@ -24,17 +24,12 @@ from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
 from flows.job_card import JobRecordCard, publish_step_table
 from flows.job_state import JobLock, suspended_message
-from flows.jobs import (
-    Job,
-    prepare_job,
-    refuse_extraction_flags_of_a_followed_url,
-    refuse_invisible_url_characters,
-)
+from flows.jobs import Job, checked_attach, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.core.readable import counted
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
-from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
+from tasks.core.url_credentials import shown_url
 from tasks.job.contract import (
     StepInput,
     StepKind,
@@ -237,23 +232,6 @@ def completed_message(job: Job, last: StepResult) -> str:
     )
     sent = counted(last.summary["files_sent"], "file")
     return f"sent {sent} ({send.send_as}) to {where}; the data sent are in {output_dir}"
-
-
-def checked_attach(attach: str | None) -> None:
-    """Check ``attach`` is an extraction's http(s) status URL without credentials.
-
-    Why: a form takes any text.
-    """
-    refuse_invisible_url_characters(attach, "attach")
-    refuse_credentials_in_url(
-        attach, door="attach", fix="give the status URL without them", tokens=True
-    )
-    if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
-        raise JobError(
-            f"attach: {shown_url(attach)!r} is not an http(s) status URL; give the URL the "
-            "extraction server's kick-off answered with (its Content-Location), as status and "
-            "extraction list show it"
-        )
 
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:

@@ -42,8 +42,8 @@ def api_answer(
     method: str = "GET",
     body: JSON = None,
     limit: int = MAX_PROBE_ANSWER_BYTES,
-) -> Answer | None:
-    """Return the status and at most ``limit`` bytes of a call's body, or None.
+) -> Answer:
+    """Return the status and at most ``limit`` bytes of a call's body; 0 for no answer.
 
     Why:
     - Not httpx: its client makes a TLS context (60 ms when busy); start-up probes every 50 ms.
@@ -58,7 +58,7 @@ def api_answer(
             response = connection.getresponse()
             return response.status, response.read(limit)
     except (OSError, HTTPException, ValueError):
-        return None
+        return 0, b""
 
 
 def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE_BYTES) -> JSON:
@@ -71,8 +71,7 @@ def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE
     where = Call(operation=f"{method} {path}", service="the Prefect API")
 
     def attempt() -> JSON:
-        answer = api_answer(url, path, TIMEOUT, method=method, body=body, limit=limit + 1)
-        status, content = answer or (0, b"")
+        status, content = api_answer(url, path, TIMEOUT, method=method, body=body, limit=limit + 1)
         if status in REFUSED:
             raise refused_login(url, status)
         if not status or status >= 400 and status != 404:

@@ -22,7 +22,7 @@ def require_answer(api_url: str) -> None:
     Note: one that asks for credentials counts as usable.
     """
     answer = api_answer(api_url, "/health", TIMEOUT)
-    if answer is not None and answer[0] in REFUSED:
+    if answer[0] in REFUSED:
         return
     if answer == OK:
         if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
@@ -38,14 +38,14 @@ def require_answer(api_url: str) -> None:
         if path.endswith("/api")
         else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
     )
-    if answer is not None and api and api_answer(api, "/health", TIMEOUT) == OK:
+    if answer[0] and api and api_answer(api, "/health", TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not "
             f"its API: set PREFECT_API_URL={shown_url(api)}"
         )
     found = (
         "does not answer"
-        if answer is None
+        if not answer[0]
         else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
     )
     raise ApiUnreachableError(
@@ -55,24 +55,24 @@ def require_answer(api_url: str) -> None:
     )
 
 
-def version_problem(answer: Answer | None) -> str | None:
+def version_problem(answer: Answer) -> str | None:
     """Say what is wrong for this client with a ``GET /admin/version`` answer.
 
     Why: Prefect's client reads it first, and ends in a traceback on a foreign one, in
     "incompatible versions" on another major version.
     """
     # a server elsewhere may want credentials for it
-    if answer is not None and answer[0] in REFUSED:
+    if answer[0] in REFUSED:
         return None
     from packaging.version import Version  # Prefect's own reading of versions
 
     try:  # /admin/version answers a JSON string, read as Prefect's client reads it
-        found = Version(json.loads(answer[1])) if answer is not None and answer[0] == 200 else None
+        found = Version(json.loads(answer[1])) if answer[0] == 200 else None
     except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
         found = None
     if found is None:
-        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS] if answer else ""
-        said = f"HTTP {answer[0]} {body!r}" if answer else "nothing"
+        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS]
+        said = f"HTTP {answer[0]} {body!r}" if answer[0] else "nothing"
         return (
             "answers GET /health with true but is no Prefect API (GET /admin/version answered "
             f"{said})"

@@ -128,7 +128,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        return start_server(home, startup_timeout, previous=record).url
+        return start_server(home, startup_timeout, record).url
 
 
 def ensure_runner(api_url: str) -> None:
@@ -139,25 +139,26 @@ def ensure_runner(api_url: str) -> None:
     of the command line's jobs.
     """
     home = prefect_home()
-    with exclusive_lock(home / LOCK_FILE), suppress(OSError, ValueError):
-        if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
-            return
-    with exclusive_lock(home / LOCK_FILE), open(home / RUNNER_LOG, "ab") as out:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": api_url,
-            "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
-        }
-        command = [sys.executable, "-m", *RUNNER_COMMAND]
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            cwd=home,
-            env=env,
-            start_new_session=True,
-        )
+    with exclusive_lock(home / LOCK_FILE):
+        with suppress(OSError, ValueError):
+            if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
+                return
+        with open(home / RUNNER_LOG, "ab") as out:
+            env = {
+                **os.environ,
+                "PREFECT_API_URL": api_url,
+                "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
+            }
+            command = [sys.executable, "-m", *RUNNER_COMMAND]
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=home,
+                env=env,
+                start_new_session=True,
+            )
         write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
 
 
@@ -225,9 +226,7 @@ def new_database_note(home: Path) -> str | None:
     )
 
 
-def start_server(
-    home: Path, startup_timeout: float, previous: ServerRecord | None = None
-) -> ServerRecord:
+def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None) -> ServerRecord:
     """Start a server, record it, wait until it is healthy.
 
     Note: again on the next free port if another program or home's server took it first.
@@ -432,17 +431,14 @@ def serves_home(record: ServerRecord, home: Path) -> bool:
     never stopped for it.
     """
     answer = api_answer(record.url, "/admin/settings", TIMEOUT)
-    if answer is not None and answer[0] in REFUSED:
+    if answer[0] in REFUSED:
         raise refused_login(record.url, answer[0])
     return settings_of_home(answer, record, home)
 
 
-def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) -> bool:
-    """Say whether ``answer`` (``/admin/settings``) is that of ``home``'s server.
-
-    Note: None is no answer.
-    """
-    status, body = answer or (None, b"")
+def settings_of_home(answer: Answer, record: ServerRecord, home: Path) -> bool:
+    """Say whether ``answer`` (``/admin/settings``) is that of ``home``'s server."""
+    status, body = answer
     try:
         settings = json.loads(body)
         same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
@@ -452,7 +448,7 @@ def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) ->
 
 
 def is_healthy(url: str) -> bool:
-    return (api_answer(url, "/health", PROBE_TIMEOUT) or (None,))[0] == 200
+    return api_answer(url, "/health", PROBE_TIMEOUT)[0] == 200
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:

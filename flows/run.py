@@ -50,10 +50,10 @@ from flows.job_state import (
     suspended_message,
 )
 from flows.jobs import (
+    checked_attach,
     check_new_job,
     prepare_job,
     refuse_extraction_flags_of_a_followed_url,
-    refuse_invisible_url_characters,
     step_file_problems,
 )
 from flows.run_logging import job_logging, take_interrupts
@@ -63,9 +63,8 @@ from tasks.core.errors import UsageError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
-from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import COMPLETED, UNKNOWN, JobRecord, read_record
+from tasks.job.record import COMPLETED, JobRecord, read_record
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -200,6 +199,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     """The flags as (key → raw value, key → flag label); a secret is refused.
 
     Why: the flags end up in the flow run's parameters.
+    Note: a key without a label was set by ``--set``, as the configuration's loader names it.
     """
     overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
@@ -208,7 +208,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
             raise UsageError(
                 f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3"
             )
-        overrides[key], labels[key] = value, f"--set {key}"
+        overrides[key] = value
     refuse_secret_overrides(overrides, "--set")
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
@@ -282,13 +282,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
     Note: of two at once the second exits 2 and records nothing.
     """
     overrides, _ = overrides_from_flags(args)
-    refuse_invisible_url_characters(args.attach, "--attach")
-    refuse_credentials_in_url(
-        args.attach,
-        door="--attach",
-        fix="give the status URL without them; the credentials come from services.extractor.auth",
-        tokens=True,
-    )
+    checked_attach(args.attach, "--attach")
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         job = read_record(paths.job_dir)
@@ -296,7 +290,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
         refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)
         prefect_server.use_server()  # the job's state is its flow run's there
         run = newest_run(paths)
-        state = run_state(run) or UNKNOWN
+        state = run_state(run)
         if run and run.get("work_pool_name") and state in SCHEDULED_NAMES:
             raise UsageError(
                 f"job {job.job_id}: its deployment run is {state} on the server: a worker takes "

@@ -41,7 +41,6 @@ from tasks.job.record import (
     FAILED,
     RUNNING,
     SUSPENDED,
-    UNKNOWN,
     JobRecord,
     StepRecord,
     counts_text,
@@ -111,7 +110,7 @@ def job_status(paths: JobPaths) -> JobStatus:
     job = read_record(paths.job_dir)
     prefect_server.use_server()  # the job's state is its flow run's there
     run = newest_run(paths)
-    state = run_state(run) or UNKNOWN
+    state = run_state(run)
     done = finished_steps(paths, job.enabled_steps, run) if run else {}
     unfinished = (p for p in range(len(job.enabled_steps)) if p not in done)
     working = next(unfinished, None) if state == RUNNING else None
@@ -233,7 +232,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     readable = [paths for paths, job in jobs if isinstance(job, JobRecord)]
     if jobs:
         prefect_server.use_server()  # each job's state is its flow run's there
-    states = dict(zip(readable, current_states(readable) if jobs else [], strict=True))
+    states = dict(zip(readable, current_states(readable), strict=True))
     if args.json:
         listed = [listed_job(paths, job, states.get(paths)) for paths, job in jobs]
         extraction_cli.print_json({"jobs_dir": str(jobs_dir.resolve()), "jobs": listed})
