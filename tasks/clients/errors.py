@@ -88,12 +88,6 @@ class ServiceError(DupflowError):
         # what str() shows
         self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)
 
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(service={self.service!r}, operation={self.operation!r}, "
-            f"status_code={self.status_code!r}, kind={self.kind!r}, message={self.message!r})"
-        )
-
 
 def is_transient_status(status_code: int) -> bool:
     """408, 429 and every 5xx are worth retrying; other 4xx are not."""
