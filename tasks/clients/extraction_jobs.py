@@ -68,6 +68,10 @@ TOO_MANY_JOBS = (
 TOO_LARGE_COHORT = (
     "the cohort is too large to preview; start the extraction, or check services.extractor.base_url"
 )
+IF_MATCH_SENT = (
+    "the server says If-Match is missing, but dupflow sent it; this is a bug in dupflow, please "
+    "report it"
+)
 NOT_THE_SERVER = (
     "check that services.extractor.base_url points at the extraction server (not a proxy or login "
     "page)"
@@ -321,25 +325,15 @@ class ExtractionTaskClient(ServiceClient):
         """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
-        operation = "set extraction job priority"
-        try:
-            return self._job_request(
-                "PUT",
-                job_id,
-                "",
-                operation=operation,
-                content=json.dumps(update).encode(),
-                headers=headers,
-            )
-        except ServiceError as exc:
-            if exc.status_code != 428:
-                raise
-            message = (
-                "the server says If-Match is missing, but dupflow sent it; this is a bug in "
-                "dupflow, please report it"
-            )
-            raise refused(exc.operation, 428, message) from exc
+        return self._job_request(
+            "PUT",
+            job_id,
+            "",
+            operation="set extraction job priority",
+            content=json.dumps(update).encode(),
+            headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
+            status_hints={428: IF_MATCH_SENT},
+        )
 
     def delete(self, job_id: str) -> None:
         """DELETE the job and its result files.
@@ -360,26 +354,21 @@ class ExtractionTaskClient(ServiceClient):
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
-        try:
-            response = self.request(
-                "POST",
-                "/fhir/$evaluate-cohort",
-                operation="preview cohort",
-                content=crtdl,
-                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
-                status_hints=CRTDL_REFUSALS,
-                max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
-                too_large_hint=TOO_LARGE_COHORT,
-                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
-            )
-        except ServiceError as exc:
-            if exc.status_code not in (404, 405):
-                raise
-            message = (
-                f"the extraction server at {self.base_url} does not support cohort preview "
-                "($evaluate-cohort exists only in newer servers)"
-            )
-            raise refused("preview cohort", exc.status_code, message) from exc
+        unsupported = (
+            f"the extraction server at {self.base_url} does not support cohort preview "
+            "($evaluate-cohort exists only in newer servers)"
+        )
+        response = self.request(
+            "POST",
+            "/fhir/$evaluate-cohort",
+            operation="preview cohort",
+            content=crtdl,
+            timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
+            status_hints={**CRTDL_REFUSALS, 404: unsupported, 405: unsupported},
+            max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
+            too_large_hint=TOO_LARGE_COHORT,
+            headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
+        )
         return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
