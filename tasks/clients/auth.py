@@ -273,7 +273,7 @@ class TokenSource:
         )
 
     def _refused(self, message: str) -> ServiceError:
-        return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
+        return ServiceError("fetch OAuth token", None, message, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
         """Raise a non-2xx token response as a ServiceError, never with the body.
@@ -443,9 +443,7 @@ class ServiceAuth(httpx.Auth):
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
-        return ServiceError(
-            operation, response.status_code, message, transient=False, service=self.service
-        )
+        return ServiceError(operation, response.status_code, message, service=self.service)
 
     def check_request(self, request: httpx.Request) -> None:
         """Strip credentials bound for another origin; name the URL's key on the service's.

@@ -265,7 +265,7 @@ def answer_too_large(
 ) -> ServiceError:
     answer = "the answer" if source is None else f"the answer from {shown_url(str(source))}"
     message = f"{answer} is {size}, more than the {size_text(limit)} read from this service; {hint}"
-    return ServiceError(operation, None, message, transient=False, service=service)
+    return ServiceError(operation, None, message, service=service)
 
 
 def declared_size(response: httpx.Response) -> int | None:

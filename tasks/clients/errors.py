@@ -69,7 +69,7 @@ class ServiceError(DupflowError):
         status_code: int | None,
         message: str,
         *,
-        transient: bool,
+        transient: bool = False,
         service: str | None = None,
         retry_after: float | None = None,
         no_answer: bool = False,
@@ -260,7 +260,7 @@ def json_object(
     message = (
         f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
     )
-    raise ServiceError(operation, None, message, transient=False, service=service)
+    raise ServiceError(operation, None, message, service=service)
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

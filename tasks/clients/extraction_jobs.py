@@ -97,7 +97,7 @@ class TransitionRefusedError(ServiceError):
 
     def __init__(self, operation: str, message: str, job_status: str | None):
         self.job_status = job_status
-        super().__init__(operation, 409, message, transient=False, service=SERVICE)
+        super().__init__(operation, 409, message, service=SERVICE)
 
 
 class SearchRejectedError(ServiceError):
@@ -105,16 +105,14 @@ class SearchRejectedError(ServiceError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__(
-            "search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE
-        )
+        super().__init__("search extraction jobs", 400, "; ".join(problems), service=SERVICE)
 
 
 def refused(
     operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError
 ) -> ServiceError:
     """Make a terminal error of this server: ``kind`` with operation, status, message."""
-    return kind(operation, status, message, transient=False, service=SERVICE)
+    return kind(operation, status, message, service=SERVICE)
 
 
 @dataclass(frozen=True)

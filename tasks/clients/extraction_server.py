@@ -253,9 +253,7 @@ class ExtractionServerClient(Closing):
                 "then continue the job (--attach STATUS_URL follows the job at a status URL "
                 "under base_url)"
             )
-            raise ServiceError(
-                "poll extraction status", status, message, transient=False, service=SERVICE
-            )
+            raise ServiceError("poll extraction status", status, message, service=SERVICE)
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(

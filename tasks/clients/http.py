@@ -155,7 +155,6 @@ def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> No
             operation,
             response.status_code,
             f"{problem}; {fix}",
-            transient=False,
             service=endpoint.name,
         )
 

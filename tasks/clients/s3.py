@@ -116,7 +116,7 @@ class S3Uploader:
                 f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file "
                 "changed meanwhile?"
             )
-            raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
+            raise ServiceError(f"upload {key}", None, message, service=SERVICE)
         elapsed, mb = time.perf_counter() - started, size / MB
         log.info(
             "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
@@ -178,7 +178,7 @@ class S3Uploader:
                 f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy "
                 "before it"
             )
-            raise ServiceError(operation, None, message, transient=False, service=SERVICE)
+            raise ServiceError(operation, None, message, service=SERVICE)
         return size, etag.strip('"')
 
     def _abort_incomplete_uploads(self, key: str) -> None:
