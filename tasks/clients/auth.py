@@ -137,9 +137,6 @@ class TokenSource:
         self._renew_at: float | None = None
         self._lock = threading.Lock()
 
-    def __repr__(self) -> str:
-        return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
-
     def access_token(self, *, rejected: str | None = None, setting: str | None = None) -> str:
         """Return a valid access token; pass one a service just rejected for a fresh one.
 
@@ -355,6 +352,7 @@ class ServiceAuth(httpx.Auth):
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
+        self.sends_credentials = bool(self._basic or self._tokens or self._api_key)
         # a token in the configured URL's query, a credential too
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
@@ -363,22 +361,6 @@ class ServiceAuth(httpx.Auth):
     def trust(self, origin: Origin) -> None:
         """Send the credentials to ``origin`` as well (one the configuration approved)."""
         self._trusted_origins.add(origin)
-
-    @property
-    def schemes(self) -> list[str]:
-        """The kinds of credentials attached, for logs and reprs (never their values)."""
-        kinds = [
-            ("basic", self._basic),
-            ("oauth", self._tokens),
-            ("api-key", self._api_key or None),
-        ]
-        return [name for name, configured in kinds if configured is not None]
-
-    def __repr__(self) -> str:
-        return (
-            f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, "
-            f"schemes={self.schemes!r})"
-        )
 
     def sync_auth_flow(
         self, request: httpx.Request
@@ -487,7 +469,7 @@ class ServiceAuth(httpx.Auth):
         for name in [*CREDENTIAL_HEADERS, *self._api_key]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
-        if self.schemes and origin not in self._withheld_origins:
+        if self.sends_credentials and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
             log.info(
                 "%s: sending no credentials to %s (not the service origin %s)",

@@ -243,7 +243,7 @@ class ExtractionServerClient(Closing):
             return
         foreign, home = origin_of(handle.status_url), origin_of(self.base_url)
         # it got no credentials, by design
-        if status in (401, 403) and foreign != home and self._auth.schemes:
+        if status in (401, 403) and foreign != home and self._auth.sends_credentials:
             message = (
                 f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on "
                 f"{origin_text(foreign)}, not on the origin of services.extractor.base_url "

@@ -161,16 +161,13 @@ for _logger_name in ("botocore.endpoint", "botocore.parsers"):
 
 
 class ProxyAuthorization:
-    """botocore ``before-send`` handler setting ``Proxy-Authorization``; repr hides it."""
+    """botocore ``before-send`` handler setting ``Proxy-Authorization``."""
 
     def __init__(self, username: str, password: str):
         self._header = "Basic " + basic_credentials(username, password)
 
     def __call__(self, request: Any, **_: Any) -> None:
         request.headers["Proxy-Authorization"] = self._header
-
-    def __repr__(self) -> str:
-        return "ProxyAuthorization(<hidden>)"
 
 
 def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
