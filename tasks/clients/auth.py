@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable, within_deadlines
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, within_deadlines
 from tasks.clients.errors import (
     MAX_TEXT_CHARS,
     ServiceError,
@@ -365,8 +365,6 @@ class ServiceAuth(httpx.Auth):
     def sync_auth_flow(
         self, request: httpx.Request
     ) -> Generator[httpx.Request, httpx.Response, None]:
-        if self._tokens is not None and not replayable(request):
-            request.read()  # a 401 is answered by sending the same request again
         renewed = False
         rejected: str | None = None
         visited = {request.url}

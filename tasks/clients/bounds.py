@@ -211,14 +211,6 @@ class CappedBody(httpx.SyncByteStream):
         self._stream.close()
 
 
-def replayable(request: httpx.Request) -> bool:
-    """Tell whether a request's body can be streamed again.
-
-    Note: httpx keeps the iterable given as ``content`` as ``stream._stream``.
-    """
-    return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
-
-
 class TooLarge(Call):
     """The keywords of ``answer_too_large`` besides the size."""
 
