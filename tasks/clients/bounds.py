@@ -40,11 +40,8 @@ class Deadline:
         self._socket: socket.socket | None = None  # the one its call last waited on
 
     def check(self, operation: str, service: str | None) -> None:
-        if self.passed():
+        if time.monotonic() >= self._end:
             raise self.exceeded(operation, service)
-
-    def passed(self) -> bool:
-        return time.monotonic() >= self._end
 
     @contextlib.contextmanager
     def bounding(self) -> Iterator[None]:
