@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
-import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
@@ -26,6 +25,7 @@ from tasks.clients.errors import (
     error_from_response,
     first_bytes,
     is_transient_status,
+    json_or_none,
     operation_outcome_texts,
     parse_retry_after,
     raise_for_service_status,
@@ -276,12 +276,12 @@ class ExtractionServerClient(Closing):
                 self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where
             ) as answer:
                 task = (
-                    json.loads(bounded_answer(answer).content)
+                    json_or_none(bounded_answer(answer).content)
                     if answer.status_code == 200
                     else None
                 )
         # ExtractionError: over the manifest bound
-        except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):
+        except (httpx.HTTPError, ServiceError, ExtractionError):
             return None
         return (
             job_status_of(task)
@@ -290,14 +290,11 @@ class ExtractionServerClient(Closing):
         )
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
-        try:
-            # orjson bounds the nesting depth (json recurses)
-            document = orjson.loads(response.content)
-        except (orjson.JSONDecodeError, RecursionError) as exc:
+        if (document := json_or_none(response.content)) is None:
             raise ExtractionError(
                 "the completed extraction's answer is not JSON (or nested deeper than JSON's sane "
                 "limits); cannot find the result files"
-            ) from exc
+            )
         refuse_credentials_in_url(
             manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX
         )
