@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array, JsonObject
+from tasks.core.json_shapes import as_array
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
@@ -244,23 +244,6 @@ def json_or_none(body: bytes) -> Any:
         return orjson.loads(body)
     except ValueError:
         return None
-
-
-def json_object(
-    response: httpx.Response, *, operation: str, service: str | None, hint: str
-) -> JsonObject:
-    """Parse a read answer's JSON object, else raise a terminal ``ServiceError``.
-
-    Note: orjson bounds the nesting; the error never holds the body.
-    """
-    document = json_or_none(response.content)
-    if isinstance(document, dict):
-        return document
-    found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
-    message = (
-        f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
-    )
-    raise ServiceError(operation, None, message, service=service)
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

@@ -19,7 +19,7 @@ import httpx
 
 from tasks.core.json_shapes import as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB
-from tasks.clients.errors import ServiceError, json_object, json_or_none
+from tasks.clients.errors import ServiceError, json_or_none
 from tasks.clients.extraction_documents import (
     CRTDL_REFUSALS,
     SERVICE,
@@ -36,7 +36,7 @@ from tasks.clients.http import (
     http_timeout,
     without_query,
 )
-from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
+from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -106,13 +106,6 @@ class SearchRejectedError(ServiceError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("search extraction jobs", 400, "; ".join(problems), service=SERVICE)
-
-
-def refused(
-    operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError
-) -> ServiceError:
-    """Make a terminal error of this server: ``kind`` with operation, status, message."""
-    return kind(operation, status, message, service=SERVICE)
 
 
 @dataclass(frozen=True)
@@ -190,9 +183,17 @@ def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
 def document_of(response: httpx.Response, operation: str) -> JsonObject:
     """Return the JSON object the server answered, else a terminal ``ServiceError``.
 
-    Note: the error never holds the body.
+    Note: orjson bounds the nesting; the error never holds the body.
     """
-    return json_object(response, operation=operation, service=SERVICE, hint=NOT_THE_SERVER)
+    document = json_or_none(response.content)
+    if isinstance(document, dict):
+        return document
+    found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
+    message = (
+        f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; "
+        f"{NOT_THE_SERVER}"
+    )
+    raise ServiceError(operation, None, message, service=SERVICE)
 
 
 def cohort_patient_ids(document: Any) -> tuple[str, ...]:
@@ -348,7 +349,7 @@ class ExtractionTaskClient(ServiceClient):
                 f"the server could not remove the result files of job {job_id} ({exc.message})"
             )
             message += "; check the server's disk and logs, then delete again"
-            raise refused(exc.operation, 500, message) from exc
+            raise ServiceError(exc.operation, 500, message, service=SERVICE) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
@@ -398,9 +399,8 @@ class ExtractionTaskClient(ServiceClient):
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise
-            raise refused(
-                operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError
-            ) from exc
+            message = f"the extraction server has no job {job_id}"
+            raise JobNotFoundError(operation, 404, message, service=SERVICE) from exc
 
     def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
         """Return the Task of a successful PUT.
