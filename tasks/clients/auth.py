@@ -50,6 +50,7 @@ MAX_RENEWAL_LEEWAY_SECONDS = 30.0
 MAX_OAUTH_ANSWER_BYTES = 1024 * 1024
 """The most of a discovery document or a token answer that is read (either is a few KB)."""
 OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
+UNCOMPRESSED_FIX = f"{OAUTH_FIX} (it must not compress its answers to this client)"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
@@ -76,19 +77,20 @@ AS_SENT = {"Accept-Encoding": "identity"}
 can count it."""
 
 
-def compressed_answer(response: httpx.Response) -> str | None:
-    """Say why ``response`` is refused: it came compressed despite ``AS_SENT``.
+def refuse_compressed(service: str, fix: str, response: httpx.Response) -> None:
+    """Response event hook: an answer that came compressed despite ``AS_SENT`` is terminal.
 
     Why: a 16 KB zstd answer can unfold to gigabytes in one piece.
-    Note: None when it came as sent.
     """
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    return (
-        f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding "
-        f"{show_name(encoding)}) although dupflow asked for none (Accept-Encoding: identity)"
-    )
+    if encoding not in ("", "identity"):
+        message = (
+            f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding "
+            f"{show_name(encoding)}) although dupflow asked for none (Accept-Encoding: identity); "
+            f"{fix}"
+        )
+        operation = f"{response.request.method} {shown_url(str(response.request.url))}"
+        raise ServiceError(operation, response.status_code, message, service=service)
 
 
 def origin_of(url: httpx.URL | str) -> Origin:
@@ -169,7 +171,10 @@ class TokenSource:
                         headers=AS_SENT,
                         event_hooks={
                             "request": [functools.partial(self._name_issuer_setting, setting)],
-                            "response": [self._bounded],
+                            "response": [
+                                functools.partial(refuse_compressed, "oauth", UNCOMPRESSED_FIX),
+                                self._bounded,
+                            ],
                         },
                     )
                 ) as client,
@@ -254,10 +259,6 @@ class TokenSource:
     def _bounded(self, response: httpx.Response) -> None:
         """Read a token answer as sent, at most ``MAX_OAUTH_ANSWER_BYTES`` (response hook)."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
-        if (problem := compressed_answer(response)) is not None:
-            raise self._refused(
-                f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)"
-            )
         message = (
             f"the answer from {source} is more than the {limit} read from an identity provider; "
             f"{OAUTH_FIX}"
