@@ -224,8 +224,6 @@ class ServiceClient(Closing):
             return call_once(attempt, **where)
         return call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
 
-    request_once = functools.partialmethod(request, once=True)
-
     @contextlib.contextmanager
     def _answer(
         self,
