@@ -305,7 +305,11 @@ class ExtractionTaskClient(ServiceClient):
                     "extractor: job %s changed while setting its priority; reading it again", job_id
                 )
                 continue
-            return ControlResult(self._updated_job(job_id, response), changed=True)
+            # the body of a PUT's answer is not specified: the Task is read when it is not one
+            task = json_or_none(response.content)
+            if not isinstance(task, dict) or task.get("resourceType") != "Task":
+                task = self.read_task(job_id)
+            return ControlResult(ExtractionJob.from_task(task), changed=True)
         message = (
             f"job {job_id} kept changing (its version moved on {PRIORITY_ATTEMPTS} times in a row, "
             "e.g. as batches finished); try again"
@@ -401,13 +405,3 @@ class ExtractionTaskClient(ServiceClient):
                 raise
             message = f"the extraction server has no job {job_id}"
             raise JobNotFoundError(operation, 404, message, service=SERVICE) from exc
-
-    def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
-        """Return the Task of a successful PUT.
-
-        Why: its body is not specified: the Task is read when the body is not one.
-        """
-        document = json_or_none(response.content)
-        if isinstance(document, dict) and document.get("resourceType") == "Task":
-            return ExtractionJob.from_task(document)
-        return self.job(job_id)
