@@ -302,7 +302,7 @@ class _Download:
         self._sink, self._received = None, 0
 
 
-def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
+def check_response(response: httpx.Response, url: str, resuming_at: int) -> None:
     """Refuse an answer that is no file: only a 200 with a non-HTML body is one.
 
     Why: never save a proxy's error page.
