@@ -131,7 +131,7 @@ class SilentlyClosingHandler(EchoHandler):
 def test_a_call_after_the_server_closed_the_idle_connection_goes_once_on_a_new_one():
     with LoopbackServer(SilentlyClosingHandler, EchoState()) as server:
         with ServiceClient(ServiceEndpoint("fhir_server", server.base_url), TlsSettings(), ONE_ATTEMPT) as client:
-            client.request_once("POST", "/fhir", operation="transaction", content=b"{}")
+            client.request("POST", "/fhir", operation="transaction", content=b"{}", once=True)
             wait_until(lambda: SilentlyClosingHandler.closed == 1, "the server closing the connection")
-            client.request_once("POST", "/fhir", operation="transaction", content=b"{}")
+            client.request("POST", "/fhir", operation="transaction", content=b"{}", once=True)
         assert len(server.state.requests) == 2 and server.connections == 2

@@ -52,8 +52,7 @@ def call(
     method: str = "GET",
 ):
     with ServiceClient(ServiceEndpoint("validator", server.base_url), TLS, retry, sleep=sleep) as client:
-        send = client.request_once if once else client.request
-        return send(method, "/fhir/$validate", operation="validate bundle")
+        return client.request(method, "/fhir/$validate", operation="validate bundle", once=once)
 
 
 def test_transient_5xx_is_retried_with_doubling_backoff(sleep):

@@ -12,15 +12,15 @@ from tblib import pickling_support
 
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import SearchRejectedError
-from tasks.clients.fhir_server import Answer, TransactionRejected
+from tasks.clients.fhir_server import TransactionRejected
 from tasks.core.errors import DupflowError, StepError
 from tasks.streams.files import JobWriteError
 from tasks.streams.ndjson import LineTooLongError
 
 
 def rejected() -> TransactionRejected:
-    response = httpx.Response(200, request=httpx.Request("POST", "http://fhir.example/fhir"))
-    return TransactionRejected(Answer(response, b"{}"), "entry 1 failed with 422", failed_entry=0, outcome="bad code")
+    response = httpx.Response(200, content=b"{}", request=httpx.Request("POST", "http://fhir.example/fhir"))
+    return TransactionRejected(response, "entry 1 failed with 422", failed_entry=0, outcome="bad code")
 
 
 ERRORS = {

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable, within_deadlines
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, within_deadlines
 from tasks.clients.errors import (
     MAX_TEXT_CHARS,
     ServiceError,
@@ -50,6 +50,7 @@ MAX_RENEWAL_LEEWAY_SECONDS = 30.0
 MAX_OAUTH_ANSWER_BYTES = 1024 * 1024
 """The most of a discovery document or a token answer that is read (either is a few KB)."""
 OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
+UNCOMPRESSED_FIX = f"{OAUTH_FIX} (it must not compress its answers to this client)"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
@@ -76,19 +77,20 @@ AS_SENT = {"Accept-Encoding": "identity"}
 can count it."""
 
 
-def compressed_answer(response: httpx.Response) -> str | None:
-    """Say why ``response`` is refused: it came compressed despite ``AS_SENT``.
+def refuse_compressed(service: str, fix: str, response: httpx.Response) -> None:
+    """Response event hook: an answer that came compressed despite ``AS_SENT`` is terminal.
 
     Why: a 16 KB zstd answer can unfold to gigabytes in one piece.
-    Note: None when it came as sent.
     """
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return None
-    return (
-        f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding "
-        f"{show_name(encoding)}) although dupflow asked for none (Accept-Encoding: identity)"
-    )
+    if encoding not in ("", "identity"):
+        message = (
+            f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding "
+            f"{show_name(encoding)}) although dupflow asked for none (Accept-Encoding: identity); "
+            f"{fix}"
+        )
+        operation = f"{response.request.method} {shown_url(str(response.request.url))}"
+        raise ServiceError(operation, response.status_code, message, service=service)
 
 
 def origin_of(url: httpx.URL | str) -> Origin:
@@ -137,9 +139,6 @@ class TokenSource:
         self._renew_at: float | None = None
         self._lock = threading.Lock()
 
-    def __repr__(self) -> str:
-        return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
-
     def access_token(self, *, rejected: str | None = None, setting: str | None = None) -> str:
         """Return a valid access token; pass one a service just rejected for a fresh one.
 
@@ -172,7 +171,10 @@ class TokenSource:
                         headers=AS_SENT,
                         event_hooks={
                             "request": [functools.partial(self._name_issuer_setting, setting)],
-                            "response": [self._bounded],
+                            "response": [
+                                functools.partial(refuse_compressed, "oauth", UNCOMPRESSED_FIX),
+                                self._bounded,
+                            ],
                         },
                     )
                 ) as client,
@@ -257,10 +259,6 @@ class TokenSource:
     def _bounded(self, response: httpx.Response) -> None:
         """Read a token answer as sent, at most ``MAX_OAUTH_ANSWER_BYTES`` (response hook)."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
-        if (problem := compressed_answer(response)) is not None:
-            raise self._refused(
-                f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)"
-            )
         message = (
             f"the answer from {source} is more than the {limit} read from an identity provider; "
             f"{OAUTH_FIX}"
@@ -273,7 +271,7 @@ class TokenSource:
         )
 
     def _refused(self, message: str) -> ServiceError:
-        return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
+        return ServiceError("fetch OAuth token", None, message, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
         """Raise a non-2xx token response as a ServiceError, never with the body.
@@ -355,6 +353,7 @@ class ServiceAuth(httpx.Auth):
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
+        self.sends_credentials = bool(self._basic or self._tokens or self._api_key)
         # a token in the configured URL's query, a credential too
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
@@ -364,27 +363,9 @@ class ServiceAuth(httpx.Auth):
         """Send the credentials to ``origin`` as well (one the configuration approved)."""
         self._trusted_origins.add(origin)
 
-    @property
-    def schemes(self) -> list[str]:
-        """The kinds of credentials attached, for logs and reprs (never their values)."""
-        kinds = [
-            ("basic", self._basic),
-            ("oauth", self._tokens),
-            ("api-key", self._api_key or None),
-        ]
-        return [name for name, configured in kinds if configured is not None]
-
-    def __repr__(self) -> str:
-        return (
-            f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, "
-            f"schemes={self.schemes!r})"
-        )
-
     def sync_auth_flow(
         self, request: httpx.Request
     ) -> Generator[httpx.Request, httpx.Response, None]:
-        if self._tokens is not None and not replayable(request):
-            request.read()  # a 401 is answered by sending the same request again
         renewed = False
         rejected: str | None = None
         visited = {request.url}
@@ -443,9 +424,7 @@ class ServiceAuth(httpx.Auth):
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
-        return ServiceError(
-            operation, response.status_code, message, transient=False, service=self.service
-        )
+        return ServiceError(operation, response.status_code, message, service=self.service)
 
     def check_request(self, request: httpx.Request) -> None:
         """Strip credentials bound for another origin; name the URL's key on the service's.
@@ -489,7 +468,7 @@ class ServiceAuth(httpx.Auth):
         for name in [*CREDENTIAL_HEADERS, *self._api_key]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
-        if self.schemes and origin not in self._withheld_origins:
+        if self.sends_credentials and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
             log.info(
                 "%s: sending no credentials to %s (not the service origin %s)",

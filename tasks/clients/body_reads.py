@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import httpcore
 import httpx
+from httpx._transports.default import map_httpcore_exceptions
 
 from tasks.clients.bounds import declared_size
 
@@ -45,12 +46,8 @@ def _read(stream: httpcore.NetworkStream, size: int, timeout: float) -> bytes:
 
     Note: no bytes at all is a body cut short.
     """
-    try:
+    with map_httpcore_exceptions():
         piece = stream.read(size, timeout)
-    except httpcore.TimeoutException as exc:
-        raise httpx.ReadTimeout(str(exc)) from exc
-    except httpcore.NetworkError as exc:
-        raise httpx.ReadError(str(exc)) from exc
     if not piece:
         raise httpx.RemoteProtocolError("the server closed the connection before the body's end")
     return piece

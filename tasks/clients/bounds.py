@@ -19,8 +19,6 @@ from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
 MB = 1024 * 1024
-# a request body goes out in pieces of this size
-UPLOAD_PIECE = MB
 # a write's timeout is cut to the time left before each piece of this size (a slow reader)
 WRITE_PIECE = 64 * 1024
 # its bytes, or a function making its pieces afresh for each send
@@ -42,11 +40,8 @@ class Deadline:
         self._socket: socket.socket | None = None  # the one its call last waited on
 
     def check(self, operation: str, service: str | None) -> None:
-        if self.passed():
+        if time.monotonic() >= self._end:
             raise self.exceeded(operation, service)
-
-    def passed(self) -> bool:
-        return time.monotonic() >= self._end
 
     @contextlib.contextmanager
     def bounding(self) -> Iterator[None]:
@@ -213,14 +208,6 @@ class CappedBody(httpx.SyncByteStream):
         self._stream.close()
 
 
-def replayable(request: httpx.Request) -> bool:
-    """Tell whether a request's body can be streamed again.
-
-    Note: httpx keeps the iterable given as ``content`` as ``stream._stream``.
-    """
-    return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
-
-
 class TooLarge(Call):
     """The keywords of ``answer_too_large`` besides the size."""
 
@@ -238,20 +225,14 @@ def answer_within(
     operation: str,
     service: str | None,
     body: Body | None = None,
-    headers: dict[str, str] | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
     """Stream the answer to a sync request, each socket operation bounded by ``deadline``.
 
     Note: a network error then is the deadline's error.
-    Why: bytes are declared by their ``Content-Length``: in pieces they would go chunked, which some
-    servers refuse.
     """
-    pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
-    content = None if pieces is None else ReplayableBody(pieces)
-    declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
-    headers = {**declared, **(headers or {})}
-    built = http.build_request(method, url, content=content, headers=headers, **request)
+    content = ReplayableBody(body) if callable(body) else body
+    built = http.build_request(method, url, content=content, **request)
     deadline.url = built.url
     try:
         with deadline.bounding(), contextlib.closing(http.send(built, stream=True)) as response:
@@ -260,13 +241,6 @@ def answer_within(
     except httpx.TransportError:
         deadline.check(operation, service)
         raise
-
-
-def in_pieces(body: bytes) -> Iterator[bytes]:
-    view = memoryview(body)
-    return (
-        bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE)
-    )
 
 
 def answer_too_large(
@@ -280,7 +254,7 @@ def answer_too_large(
 ) -> ServiceError:
     answer = "the answer" if source is None else f"the answer from {shown_url(str(source))}"
     message = f"{answer} is {size}, more than the {size_text(limit)} read from this service; {hint}"
-    return ServiceError(operation, None, message, transient=False, service=service)
+    return ServiceError(operation, None, message, service=service)
 
 
 def declared_size(response: httpx.Response) -> int | None:

@@ -302,7 +302,7 @@ class _Download:
         self._sink, self._received = None, 0
 
 
-def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
+def check_response(response: httpx.Response, url: str, resuming_at: int) -> None:
     """Refuse an answer that is no file: only a 200 with a non-HTML body is one.
 
     Why: never save a proxy's error page.
@@ -420,17 +420,15 @@ class FirstLineCheck:
         if not pending:
             return
         if self._content_at >= 0:
-            _check_first_line(bytes(pending[self._content_at :]).split(b"\n", 1)[0], self._url)
+            line = bytes(pending[self._content_at :]).split(b"\n", 1)[0]
+            if line.startswith(b"<"):
+                raise DownloadError(
+                    f"{shown_url(self._url)}: the server answered with an HTML or XML page, not "
+                    "NDJSON; check the URL"
+                )
+            if not isinstance(json_or_none(line), dict):
+                raise DownloadError(
+                    f"{shown_url(self._url)}: the body is not NDJSON (its first line is not a JSON "
+                    "object)"
+                )
         yield bytes(pending)
-
-
-def _check_first_line(line: bytes, url: str) -> None:
-    if line.startswith(b"<"):
-        raise DownloadError(
-            f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check "
-            "the URL"
-        )
-    if not isinstance(json_or_none(line), dict):
-        raise DownloadError(
-            f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)"
-        )

@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array, JsonObject
+from tasks.core.json_shapes import as_array
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
@@ -69,7 +69,7 @@ class ServiceError(DupflowError):
         status_code: int | None,
         message: str,
         *,
-        transient: bool,
+        transient: bool = False,
         service: str | None = None,
         retry_after: float | None = None,
         no_answer: bool = False,
@@ -87,12 +87,6 @@ class ServiceError(DupflowError):
         status = f" with HTTP {status_code}" if status_code is not None else ""
         # what str() shows
         self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(service={self.service!r}, operation={self.operation!r}, "
-            f"status_code={self.status_code!r}, kind={self.kind!r}, message={self.message!r})"
-        )
 
 
 def is_transient_status(status_code: int) -> bool:
@@ -121,16 +115,29 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
 def network_error(
     exc: httpx.TransportError, *, operation: str, service: str | None
 ) -> ServiceError:
-    """Turn a transport error into a ``ServiceError`` naming where and the fix."""
-    request = _request_of(exc)
+    """Turn a transport error into a ``ServiceError`` naming where and the fix.
+
+    Note: a connection not made (unlike a TLS handshake: something answered) names the key of its
+    URL (``SERVICE_SETTING``): ``; nothing answers at <origin>: …``.
+    """
+    try:
+        request: httpx.Request | None = exc.request
+    except RuntimeError:  # raised before a request existed
+        request = None
     at = "" if request is None else f" at {shown_url(str(request.url))}"
     message = f"network error: {type(exc).__name__}: {exc}{at}"
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
         message += "; only http and https URLs can be fetched"
-    else:
-        message += nothing_answers(exc)
+    elif (
+        isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+        and not _caused_by(exc, ssl.SSLError)
+        and request is not None
+        and isinstance(setting := request.extensions.get(SERVICE_SETTING), str)
+    ):
+        origin = f"{request.url.scheme}://{request.url.netloc.decode('ascii')}"
+        message += nothing_answers_at(origin, setting)
     return ServiceError(
         operation,
         None,
@@ -141,36 +148,11 @@ def network_error(
     )
 
 
-def nothing_answers(exc: httpx.TransportError) -> str:
-    """Explain a connection that could not be made, naming the configuration key.
-
-    Note: gives ``; nothing answers at <origin>: …`` naming ``SERVICE_SETTING``, not for a TLS
-    handshake (something answered); "" otherwise.
-    """
-    if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(
-        exc, ssl.SSLError
-    ):
-        return ""
-    request = _request_of(exc)
-    if request is None or not isinstance(setting := request.extensions.get(SERVICE_SETTING), str):
-        return ""
-    return nothing_answers_at(
-        f"{request.url.scheme}://{request.url.netloc.decode('ascii')}", setting
-    )
-
-
 def nothing_answers_at(origin: str, setting: str) -> str:
     return (
         f"; nothing answers at {shown_url(origin)}: is the service running there, and is "
         f"{setting} right?"
     )
-
-
-def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
-    try:
-        return exc.request
-    except RuntimeError:  # raised before a request existed
-        return None
 
 
 def error_from_response(
@@ -250,23 +232,6 @@ def json_or_none(body: bytes) -> Any:
         return orjson.loads(body)
     except ValueError:
         return None
-
-
-def json_object(
-    response: httpx.Response, *, operation: str, service: str | None, hint: str
-) -> JsonObject:
-    """Parse a read answer's JSON object, else raise a terminal ``ServiceError``.
-
-    Note: orjson bounds the nesting; the error never holds the body.
-    """
-    document = json_or_none(response.content)
-    if isinstance(document, dict):
-        return document
-    found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
-    message = (
-        f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
-    )
-    raise ServiceError(operation, None, message, transient=False, service=service)
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

@@ -135,23 +135,18 @@ class ExtractionHandle:
         return cls(status_url, job_id)
 
 
-def base_url_of(settings: ExtractorSettings) -> str:
-    """Return ``services.extractor.base_url`` without a trailing slash, else raise.
+def endpoint_of(settings: ExtractorSettings, timeout: timedelta) -> ServiceEndpoint:
+    """Return ``services.extractor`` as an endpoint whose requests wait ``timeout``.
 
-    Note: an ``ExtractionError`` when it is not set.
+    Note: an ``ExtractionError`` when its base_url is not set.
     """
     if not settings.base_url:
         raise ExtractionError(
             f"{BASE_URL_SETTING} is not set; set it to the extraction server's URL"
         )
-    return settings.base_url.rstrip("/")
-
-
-def endpoint_of(settings: ExtractorSettings, timeout: timedelta) -> ServiceEndpoint:
-    """Return ``services.extractor`` as an endpoint whose requests wait ``timeout``."""
     return ServiceEndpoint(
         SERVICE,
-        base_url_of(settings),
+        settings.base_url.rstrip("/"),
         settings.auth,
         http_timeout(timeout),
         setting=BASE_URL_SETTING,

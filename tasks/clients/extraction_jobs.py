@@ -19,7 +19,7 @@ import httpx
 
 from tasks.core.json_shapes import as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB
-from tasks.clients.errors import ServiceError, json_object, json_or_none
+from tasks.clients.errors import ServiceError, json_or_none
 from tasks.clients.extraction_documents import (
     CRTDL_REFUSALS,
     SERVICE,
@@ -36,7 +36,7 @@ from tasks.clients.http import (
     http_timeout,
     without_query,
 )
-from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
+from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -68,6 +68,10 @@ TOO_MANY_JOBS = (
 TOO_LARGE_COHORT = (
     "the cohort is too large to preview; start the extraction, or check services.extractor.base_url"
 )
+IF_MATCH_SENT = (
+    "the server says If-Match is missing, but dupflow sent it; this is a bug in dupflow, please "
+    "report it"
+)
 NOT_THE_SERVER = (
     "check that services.extractor.base_url points at the extraction server (not a proxy or login "
     "page)"
@@ -93,7 +97,7 @@ class TransitionRefusedError(ServiceError):
 
     def __init__(self, operation: str, message: str, job_status: str | None):
         self.job_status = job_status
-        super().__init__(operation, 409, message, transient=False, service=SERVICE)
+        super().__init__(operation, 409, message, service=SERVICE)
 
 
 class SearchRejectedError(ServiceError):
@@ -101,16 +105,7 @@ class SearchRejectedError(ServiceError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__(
-            "search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE
-        )
-
-
-def refused(
-    operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError
-) -> ServiceError:
-    """Make a terminal error of this server: ``kind`` with operation, status, message."""
-    return kind(operation, status, message, transient=False, service=SERVICE)
+        super().__init__("search extraction jobs", 400, "; ".join(problems), service=SERVICE)
 
 
 @dataclass(frozen=True)
@@ -188,9 +183,17 @@ def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
 def document_of(response: httpx.Response, operation: str) -> JsonObject:
     """Return the JSON object the server answered, else a terminal ``ServiceError``.
 
-    Note: the error never holds the body.
+    Note: orjson bounds the nesting; the error never holds the body.
     """
-    return json_object(response, operation=operation, service=SERVICE, hint=NOT_THE_SERVER)
+    document = json_or_none(response.content)
+    if isinstance(document, dict):
+        return document
+    found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
+    message = (
+        f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; "
+        f"{NOT_THE_SERVER}"
+    )
+    raise ServiceError(operation, None, message, service=SERVICE)
 
 
 def cohort_patient_ids(document: Any) -> tuple[str, ...]:
@@ -302,7 +305,11 @@ class ExtractionTaskClient(ServiceClient):
                     "extractor: job %s changed while setting its priority; reading it again", job_id
                 )
                 continue
-            return ControlResult(self._updated_job(job_id, response), changed=True)
+            # the body of a PUT's answer is not specified: the Task is read when it is not one
+            task = json_or_none(response.content)
+            if not isinstance(task, dict) or task.get("resourceType") != "Task":
+                task = self.read_task(job_id)
+            return ControlResult(ExtractionJob.from_task(task), changed=True)
         message = (
             f"job {job_id} kept changing (its version moved on {PRIORITY_ATTEMPTS} times in a row, "
             "e.g. as batches finished); try again"
@@ -321,25 +328,15 @@ class ExtractionTaskClient(ServiceClient):
         """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
-        operation = "set extraction job priority"
-        try:
-            return self._job_request(
-                "PUT",
-                job_id,
-                "",
-                operation=operation,
-                content=json.dumps(update).encode(),
-                headers=headers,
-            )
-        except ServiceError as exc:
-            if exc.status_code != 428:
-                raise
-            message = (
-                "the server says If-Match is missing, but dupflow sent it; this is a bug in "
-                "dupflow, please report it"
-            )
-            raise refused(exc.operation, 428, message) from exc
+        return self._job_request(
+            "PUT",
+            job_id,
+            "",
+            operation="set extraction job priority",
+            content=json.dumps(update).encode(),
+            headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
+            status_hints={428: IF_MATCH_SENT},
+        )
 
     def delete(self, job_id: str) -> None:
         """DELETE the job and its result files.
@@ -356,30 +353,25 @@ class ExtractionTaskClient(ServiceClient):
                 f"the server could not remove the result files of job {job_id} ({exc.message})"
             )
             message += "; check the server's disk and logs, then delete again"
-            raise refused(exc.operation, 500, message) from exc
+            raise ServiceError(exc.operation, 500, message, service=SERVICE) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
-        try:
-            response = self.request(
-                "POST",
-                "/fhir/$evaluate-cohort",
-                operation="preview cohort",
-                content=crtdl,
-                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
-                status_hints=CRTDL_REFUSALS,
-                max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
-                too_large_hint=TOO_LARGE_COHORT,
-                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
-            )
-        except ServiceError as exc:
-            if exc.status_code not in (404, 405):
-                raise
-            message = (
-                f"the extraction server at {self.base_url} does not support cohort preview "
-                "($evaluate-cohort exists only in newer servers)"
-            )
-            raise refused("preview cohort", exc.status_code, message) from exc
+        unsupported = (
+            f"the extraction server at {self.base_url} does not support cohort preview "
+            "($evaluate-cohort exists only in newer servers)"
+        )
+        response = self.request(
+            "POST",
+            "/fhir/$evaluate-cohort",
+            operation="preview cohort",
+            content=crtdl,
+            timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
+            status_hints={**CRTDL_REFUSALS, 404: unsupported, 405: unsupported},
+            max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
+            too_large_hint=TOO_LARGE_COHORT,
+            headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
+        )
         return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
@@ -411,16 +403,5 @@ class ExtractionTaskClient(ServiceClient):
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise
-            raise refused(
-                operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError
-            ) from exc
-
-    def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
-        """Return the Task of a successful PUT.
-
-        Why: its body is not specified: the Task is read when the body is not one.
-        """
-        document = json_or_none(response.content)
-        if isinstance(document, dict) and document.get("resourceType") == "Task":
-            return ExtractionJob.from_task(document)
-        return self.job(job_id)
+            message = f"the extraction server has no job {job_id}"
+            raise JobNotFoundError(operation, 404, message, service=SERVICE) from exc

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
-import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
@@ -26,6 +25,7 @@ from tasks.clients.errors import (
     error_from_response,
     first_bytes,
     is_transient_status,
+    json_or_none,
     operation_outcome_texts,
     parse_retry_after,
     raise_for_service_status,
@@ -243,7 +243,7 @@ class ExtractionServerClient(Closing):
             return
         foreign, home = origin_of(handle.status_url), origin_of(self.base_url)
         # it got no credentials, by design
-        if status in (401, 403) and foreign != home and self._auth.schemes:
+        if status in (401, 403) and foreign != home and self._auth.sends_credentials:
             message = (
                 f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on "
                 f"{origin_text(foreign)}, not on the origin of services.extractor.base_url "
@@ -253,9 +253,7 @@ class ExtractionServerClient(Closing):
                 "then continue the job (--attach STATUS_URL follows the job at a status URL "
                 "under base_url)"
             )
-            raise ServiceError(
-                "poll extraction status", status, message, transient=False, service=SERVICE
-            )
+            raise ServiceError("poll extraction status", status, message, service=SERVICE)
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(
@@ -278,12 +276,12 @@ class ExtractionServerClient(Closing):
                 self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where
             ) as answer:
                 task = (
-                    json.loads(bounded_answer(answer).content)
+                    json_or_none(bounded_answer(answer).content)
                     if answer.status_code == 200
                     else None
                 )
         # ExtractionError: over the manifest bound
-        except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):
+        except (httpx.HTTPError, ServiceError, ExtractionError):
             return None
         return (
             job_status_of(task)
@@ -292,14 +290,11 @@ class ExtractionServerClient(Closing):
         )
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
-        try:
-            # orjson bounds the nesting depth (json recurses)
-            document = orjson.loads(response.content)
-        except (orjson.JSONDecodeError, RecursionError) as exc:
+        if (document := json_or_none(response.content)) is None:
             raise ExtractionError(
                 "the completed extraction's answer is not JSON (or nested deeper than JSON's sane "
                 "limits); cannot find the result files"
-            ) from exc
+            )
         refuse_credentials_in_url(
             manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX
         )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +14,7 @@ import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
-from tasks.clients.bounds import MB, Body, Deadline, answer_within
+from tasks.clients.bounds import MB, Body, Deadline, answer_within, answered
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     BODY_LIMIT,
@@ -85,7 +84,7 @@ class TransactionRejected(ServiceError):
 
     def __init__(
         self,
-        answer: Answer,
+        answer: httpx.Response,
         message: str,
         *,
         failed_entry: int | None = None,
@@ -94,7 +93,7 @@ class TransactionRejected(ServiceError):
     ):
         super().__init__(
             "transaction",
-            answer.response.status_code,
+            answer.status_code,
             message,
             transient=cause is not None and cause.transient,
             service=SERVICE_NAME,
@@ -163,7 +162,7 @@ class FhirServer(Closing):
     def get(self, path: str, **params: str) -> JsonObject:
         """GET a resource or a search under ``{url}/fhir`` (to read back what was sent)."""
         return as_object(
-            orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
+            orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).content)
         )
 
     def _call(
@@ -177,9 +176,9 @@ class FhirServer(Closing):
         read_answer: bool = True,
         params: dict[str, str] | None = None,
         hints: dict[int, str] | None = None,
-        rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
+        rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
         extra_headers: dict[str, str] | None = None,
-    ) -> Answer:
+    ) -> httpx.Response:
         """Make one call with retry, each attempt in its deadline, the answer read bounded.
 
         Note: not read at all without ``read_answer``. A 4xx/5xx answer raises its ``ServiceError``,
@@ -190,7 +189,7 @@ class FhirServer(Closing):
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
 
-        def attempt() -> Answer:
+        def attempt() -> httpx.Response:
             deadline = self._attempt_deadline(size)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
             with answer_within(
@@ -205,13 +204,13 @@ class FhirServer(Closing):
                 **where,
             ) as response:
                 if response.is_error:
-                    answer = Answer(response, first_bytes(response))
-                    error = error_from_response(response, **where, body=answer.body, hints=hints)
+                    answer = answered(response, first_bytes(response))
+                    error = error_from_response(answer, **where, hints=hints)
                     raise error if rejection is None else rejection(answer, error)
                 if not read_answer:
-                    return Answer(response, b"")
+                    return answered(response, b"")
                 limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return Answer(
+                return answered(
                     response, read_bounded(response, limit, **where, hint=hint, deadline=deadline)
                 )
 
@@ -223,17 +222,9 @@ class FhirServer(Closing):
         return Deadline(seconds, DEADLINE_SETTING)
 
 
-@dataclass(frozen=True)
-class Answer:
-    """A server's answer: its status line and headers, and its body as far as read."""
-
-    response: httpx.Response
-    body: bytes
-
-
-def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
+def rejected_by_status(answer: httpx.Response, error: ServiceError) -> TransactionRejected:
     """Make the rejection of a transaction answered 4xx/5xx, naming the entry if known."""
-    texts = operation_outcome_texts(answer.body)
+    texts = operation_outcome_texts(answer.content)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     return TransactionRejected(
         answer,
@@ -244,12 +235,12 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     )
 
 
-def checked_transaction_response(answer: Answer, sent: int) -> JsonObject:
+def checked_transaction_response(answer: httpx.Response, sent: int) -> JsonObject:
     """Parse the ``transaction-response``; a failed or missing entry is rejected.
 
     Note: raises ``TransactionRejected``.
     """
-    bundle = json_or_none(answer.body)
+    bundle = json_or_none(answer.content)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))
@@ -276,19 +267,17 @@ def checked_transaction_response(answer: Answer, sent: int) -> JsonObject:
     return bundle
 
 
-def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
+def _bad_answer(answer: httpx.Response, reason: str) -> TransactionRejected:
     return TransactionRejected(answer, f"{reason}; the server's answer cannot confirm the batch")
 
 
-def response_text(answer: Answer) -> str:
+def response_text(answer: httpx.Response) -> str:
     """Return the server's answer for the failure dump, redacted.
 
     Note: status line, content type, and the body as far as read.
     """
-    response = answer.response
-    content_type = response.headers.get("Content-Type", "")
-    body = answer.body.decode(response.encoding or "utf-8", errors="replace")
+    content_type = answer.headers.get("Content-Type", "")
     return redact(
-        f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: "
-        f"{content_type}\n\n{body}"
+        f"HTTP {answer.status_code} {answer.reason_phrase}\nContent-Type: "
+        f"{content_type}\n\n{answer.text}"
     )

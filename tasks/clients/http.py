@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 import certifi
 import httpx
 
-from tasks.clients.auth import AS_SENT, ServiceAuth, compressed_answer
+from tasks.clients.auth import AS_SENT, ServiceAuth, refuse_compressed
 from tasks.clients.bounds import (
     MB,
     Deadline,
@@ -28,10 +28,9 @@ from tasks.clients.bounds import (
     read_answer,
     within_deadlines,
 )
-from tasks.clients.errors import Call, ServiceError, raise_for_service_status
+from tasks.clients.errors import Call, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.core.json_shapes import JsonObject
-from tasks.core.url_credentials import shown_url
 from tasks.streams.fanout import pause, stopping
 
 if TYPE_CHECKING:
@@ -48,6 +47,9 @@ INSECURE_WARNING = (
 FHIR_JSON = "application/fhir+json"
 FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 MAX_ANSWER_BYTES = 16 * MB  # unless a call passes max_answer_bytes
+UNCOMPRESSED_FIX = (
+    "configure the service (or a proxy before it) not to compress its answers to this client"
+)
 TOO_LARGE_HINT = (
     "check that the service URL points at the service; an answer this large is not one dupflow "
     "expects"
@@ -127,7 +129,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify, endpoint.setting)
     hooks: dict[str, list[Callable[..., Any]]] = {
         "request": [auth.check_request],
-        "response": [functools.partial(refuse_compressed, endpoint)],
+        "response": [functools.partial(refuse_compressed, endpoint.name, UNCOMPRESSED_FIX)],
     }
     client = httpx.Client(
         # its query goes with each request to its origin (auth)
@@ -141,23 +143,6 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         event_hooks=hooks,
     )
     return within_deadlines(client)
-
-
-def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
-    """Response event hook: an answer that came compressed is a terminal error."""
-    if (problem := compressed_answer(response)) is not None:
-        operation = f"{response.request.method} {shown_url(str(response.request.url))}"
-        fix = (
-            "configure the service (or a proxy before it) not to compress its answers to this "
-            "client"
-        )
-        raise ServiceError(
-            operation,
-            response.status_code,
-            f"{problem}; {fix}",
-            transient=False,
-            service=endpoint.name,
-        )
 
 
 def service_name(client: httpx.Client) -> str | None:
@@ -238,8 +223,6 @@ class ServiceClient(Closing):
         if once:
             return call_once(attempt, **where)
         return call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
-
-    request_once = functools.partialmethod(request, once=True)
 
     @contextlib.contextmanager
     def _answer(

@@ -200,7 +200,9 @@ def checked_answer(content: bytes, sent: JsonObject) -> tuple[bytes, JsonObject]
             f"the service answered with {_entries_said(answer)} for "
             f"{_entries_said(sent, short=True)} sent; refusing to lose resources"
         )
-    return as_ndjson_line(content), answer
+    # the answer's own bytes, numbers as written, as one line: a line break can only stand between
+    # JSON tokens (a string holds it escaped), so each becomes a space
+    return content.strip().replace(b"\r", b" ").replace(b"\n", b" "), answer
 
 
 def _entry_count(bundle: JsonObject) -> int | None:
@@ -213,15 +215,6 @@ def _entries_said(bundle: JsonObject, short: bool = False) -> str:
     if (count := _entry_count(bundle)) is None:
         return "a Bundle whose entry is not an array"
     return str(count) if short else f"{count} Bundle entries"
-
-
-def as_ndjson_line(content: bytes) -> bytes:
-    """Return the answer's own bytes as one line, numbers as written.
-
-    Why: a line break can only stand between JSON tokens (a string holds it escaped), so each
-    becomes a space.
-    """
-    return content.strip().replace(b"\r", b" ").replace(b"\n", b" ")
 
 
 def compact_size(resource: Any) -> int:

@@ -72,7 +72,12 @@ class S3Uploader:
         holds it with this content (an earlier run's upload it never heard end).
         """
         found = path.stat()
-        if (recorded := self._recorded(key, found)) is not None and self._is_stored(recorded):
+        recorded = self._manifest.recorded(key)
+        if (
+            recorded is not None  # uploaded from the file as it is now
+            and (recorded.size, recorded.source_modified_ns) == (found.st_size, found.st_mtime_ns)
+            and self._is_stored(recorded)
+        ):
             log.info(
                 "S3 object %s is already in bucket %s (manifest); not uploading it again",
                 key,
@@ -116,7 +121,7 @@ class S3Uploader:
                 f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file "
                 "changed meanwhile?"
             )
-            raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
+            raise ServiceError(f"upload {key}", None, message, service=SERVICE)
         elapsed, mb = time.perf_counter() - started, size / MB
         log.info(
             "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
@@ -130,13 +135,6 @@ class S3Uploader:
 
     def close(self) -> None:
         self._client.close()
-
-    def _recorded(self, key: str, found: os.stat_result) -> UploadedObject | None:
-        """Return the manifest's record of ``key`` if uploaded from the file as it is now."""
-        recorded = self._manifest.recorded(key)
-        if recorded is None or recorded.size != found.st_size:
-            return None
-        return recorded if recorded.source_modified_ns == found.st_mtime_ns else None
 
     def _is_stored(self, recorded: UploadedObject) -> bool:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
@@ -178,7 +176,7 @@ class S3Uploader:
                 f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy "
                 "before it"
             )
-            raise ServiceError(operation, None, message, transient=False, service=SERVICE)
+            raise ServiceError(operation, None, message, service=SERVICE)
         return size, etag.strip('"')
 
     def _abort_incomplete_uploads(self, key: str) -> None:

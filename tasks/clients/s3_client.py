@@ -113,7 +113,7 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
     """
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
-        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
+        raise ServiceError("connect to S3", None, message, service=SERVICE)
     if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
         message = (
             "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
@@ -122,7 +122,7 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
             "store; set the proxy itself as services.send.s3.endpoint, or exempt the endpoint "
             "with NO_PROXY, or remove username/password from services.send.auth"
         )
-        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
+        raise ServiceError("connect to S3", None, message, service=SERVICE)
 
 
 _SESSION_LOCK = threading.Lock()
@@ -161,16 +161,13 @@ for _logger_name in ("botocore.endpoint", "botocore.parsers"):
 
 
 class ProxyAuthorization:
-    """botocore ``before-send`` handler setting ``Proxy-Authorization``; repr hides it."""
+    """botocore ``before-send`` handler setting ``Proxy-Authorization``."""
 
     def __init__(self, username: str, password: str):
         self._header = "Basic " + basic_credentials(username, password)
 
     def __call__(self, request: Any, **_: Any) -> None:
         request.headers["Proxy-Authorization"] = self._header
-
-    def __repr__(self) -> str:
-        return "ProxyAuthorization(<hidden>)"
 
 
 def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:

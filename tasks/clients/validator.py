@@ -200,7 +200,10 @@ def read_findings(outcome: JsonObject, labels: tuple[str, ...], keep: int) -> Ch
             counted.information += 1
         else:
             counted.errors += 1
-            location = issue_location(issue)
+            paths = (issue.get(name) for name in ("expression", "location"))
+            location = next(
+                (p[0] for p in paths if isinstance(p, list) and p and isinstance(p[0], str)), None
+            )
             if (index := entry_index(location, len(labels))) is not None:
                 counted.resources_with_errors.add(index)
             if len(counted.findings) < keep:
@@ -208,11 +211,6 @@ def read_findings(outcome: JsonObject, labels: tuple[str, ...], keep: int) -> Ch
                 shown = show_text(location, MAX_FINDING_CHARS) if location else "(no location)"
                 counted.findings.append(Finding(resource, shown, issue_message(issue)))
     return counted
-
-
-def issue_location(issue: JsonObject) -> str | None:
-    paths = (issue.get(name) for name in ("expression", "location"))
-    return next((p[0] for p in paths if isinstance(p, list) and p and isinstance(p[0], str)), None)
 
 
 def entry_index(location: str | None, entries: int) -> int | None:
