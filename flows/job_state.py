@@ -40,8 +40,13 @@ LOCK_FILE = ".lock"
 SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")
 # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 TAGS_PER_REQUEST = 100
-# the pause key of a wait step's own suspension (flows.gates); any other is a Suspend from the UI
+# the pause key of a wait step's own suspension (``gate_pause_key``); any other is a UI Suspend
 GATE_PAUSE_KEY = re.compile(r"wait-(\d+)")
+
+
+def gate_pause_key(position: int) -> str:
+    """The pause key of the wait step at ``position``, as ``GATE_PAUSE_KEY`` reads it."""
+    return f"wait-{position:02d}"
 
 
 class JobLockedError(JobError):
