@@ -24,13 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from tasks.flattening import plan_views
 from tasks.sof.resources import parse_line
 from tasks.sof.view import compile_view
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
-from tests.benchmarks.bench_views import write_own_type_files
+from tests.benchmarks.bench_views import parse_all, spread, write_own_type_files
 from tests.benchmarks.runs import load
 from tests.support.sof import in_one_way
 
@@ -71,16 +69,6 @@ def cpu(work: Callable[[], object]) -> float:
     started = time.process_time()
     work()
     return time.process_time() - started
-
-
-def parse_all(path: Path) -> None:
-    with path.open("rb") as lines:
-        for line in lines:
-            orjson.loads(line)
-
-
-def spread(values: list[float]) -> str:
-    return f"{min(values):.3f} / {statistics.median(values):.3f}"
 
 
 def measure(view: dict[str, Any], source: Path, rounds: int) -> dict[str, list[float]]:
