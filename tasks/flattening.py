@@ -5,10 +5,11 @@ Note: spec/protocols.md, "Flattening". See docs/development.md#steps.
 
 import json
 import shutil
+from dataclasses import fields
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, TypedDict, cast
 
 import orjson
 
@@ -35,6 +36,7 @@ from tasks.sof.flatten import (
     FilePlan,
     GroupPlan,
     PieceSource,
+    RouteCounts,
     Router,
     bare_routes,
     flatten_file,
@@ -62,12 +64,6 @@ from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pay
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
-Counted = Literal[
-    "unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"
-]
-COUNTED: tuple[Counted, ...] = get_args(Counted)
-"""The per-type counters of ``RouteCounts`` (and so ``FlattenOutcome``), in ``FileParts`` as
-dicts."""
 
 
 @step_task("flattening")
@@ -356,8 +352,8 @@ def join_parts(
         ):
             counts.resources += resources
             counts.rows += rows
-        for key in COUNTED:
-            getattr(outcome, key).update(result[key])
+        for counter in fields(RouteCounts):  # in ``FileParts`` as dicts
+            getattr(outcome, counter.name).update(cast(JsonObject, result)[counter.name])
     refuse_empty_result(outcome)
     csvs: list[GroupCsv] = []
     try:
