@@ -24,7 +24,15 @@ from tasks.clients.extraction_jobs import (
     TransitionRefusedError,
 )
 from tasks.clients.extraction_server import SUBMIT_PATH, ExtractionServerClient, PollProgress
-from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.contract import (
+    DataFile,
+    StepInput,
+    StepResult,
+    core_first,
+    file_task,
+    settings_of,
+    step_task,
+)
 from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
@@ -60,8 +68,7 @@ def extractor(step: StepInput) -> StepResult:
     expect_files(len(arguments))
     with download_client(step, needs_token):
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    # core first in the record
-    files = sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))
+    files = sorted(results_or_raise(outcomes), key=core_first)  # so in the record
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 

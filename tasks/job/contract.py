@@ -71,10 +71,6 @@ class DataFile(FileEntry):
         """
         return cls.model_construct(NO_FIELDS_SET, name=name, **asdict(stats))
 
-    @property
-    def core(self) -> bool:
-        return self.name.startswith("core.")
-
     def on_disk_in(self, folder: Path) -> bool:
         """Whether ``folder`` holds this file as recorded (size; time of change when kept)."""
         try:
@@ -82,6 +78,11 @@ class DataFile(FileEntry):
         except OSError:
             return False
         return found.st_size == self.size and self.modified_ns in (None, found.st_mtime_ns)
+
+
+def core_first(file: DataFile) -> tuple[bool, str]:
+    """The order of a step's files: ``core`` first (referential integrity), then by name."""
+    return not file.name.startswith("core."), file.name
 
 
 class StepInput(BaseModel):
@@ -135,8 +136,8 @@ class StepInput(BaseModel):
         return self.input_dir / name
 
     def input_files(self) -> list[DataFile]:
-        """The recorded input files, ``core`` first (referential integrity), then by name."""
-        return sorted(self.files, key=lambda f: (not f.core, f.name))
+        """The recorded input files in ``core_first`` order."""
+        return sorted(self.files, key=core_first)
 
     def input_paths(self) -> Iterator[Path]:
         """The paths of ``input_files``, made as they are read.
