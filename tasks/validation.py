@@ -210,9 +210,17 @@ def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
 
 
 def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
+    """Pass ``chunks`` on, warning of each oversized one.
+
+    Why: in the task run's log inside Prefect (else a plain logger), so the warning reaches it.
+    """
     for chunk in chunks:
         if chunk.oversized:
-            step_logger().warning(
+            try:
+                logger = get_run_logger()
+            except MissingContextError:
+                logger = stdlib_logger
+            logger.warning(
                 "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is "
                 "sent alone in chunk %d",
                 source.name,
@@ -221,17 +229,6 @@ def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
                 chunk.number,
             )
         yield chunk
-
-
-def step_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
-    """Return the task run's logger inside Prefect, else a plain logger.
-
-    Why: so warnings reach the run's log.
-    """
-    try:
-        return get_run_logger()
-    except MissingContextError:
-        return stdlib_logger
 
 
 def failure_message(folder: Path, checked: list[FileValidation]) -> str:
