@@ -4,15 +4,13 @@ Note: the files go into ``import/``. See docs/development.md#steps.
 """
 
 import shlex
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from contextvars import ContextVar
 
 import httpx
 from prefect import get_run_logger
 
-from config.loader import SettingsIdentity, settings_identity
 from config.settings import Settings
 from config.runtime import CLI, job_on_command_line
 from tasks.clients.downloads import target_names, wait_until_available
@@ -66,7 +64,7 @@ def extractor(step: StepInput) -> StepResult:
     )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
-    with download_client(step, needs_token):
+    with download_client(step):
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     files = sorted(results_or_raise(outcomes), key=core_first)  # so in the record
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
@@ -82,7 +80,7 @@ def download_result_file(
     """
     settings = settings_of(step)
     config = settings.services.extractor
-    with download_client(step, needs_token) as client:
+    with download_client(step) as client:
         if needs_token:
             client.trust_file_origins([url])
         wait_until_available(
@@ -95,38 +93,30 @@ def download_result_file(
     return DataFile.written(name, stats)
 
 
-@dataclass
-class DownloadLease:
-    client: ExtractionServerClient
-    holders: int = 0
-
-
-_download_clients: dict[tuple[SettingsIdentity, bool], DownloadLease] = {}
-_download_clients_lock = threading.Lock()
+_held_client: ContextVar[ExtractionServerClient | None] = ContextVar(
+    "download_client", default=None
+)
+"""The step's client for its downloads, seen by the file tasks it runs in this process."""
 
 
 @contextmanager
-def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
-    """Give a client for result-file downloads, shared by this process's downloads.
+def download_client(step: StepInput) -> Iterator[ExtractionServerClient]:
+    """Give a client for result-file downloads: the step's, else one of their own.
 
-    Why: built where it runs (no client is a task parameter); the last holder closes it.
+    Why: built where it runs (no client is a task parameter); the downloads a step runs in this
+    process share its client (their threads copy its context), one run elsewhere (a Dask worker)
+    builds and closes its own.
     """
-    key = (settings_identity(step.config_path, step.overrides), needs_token)
-    with _download_clients_lock:
-        if (lease := _download_clients.get(key)) is None:
-            settings = settings_of(step)
-            client = ExtractionServerClient(settings.services.extractor, settings.tls)
-            lease = _download_clients[key] = DownloadLease(client)
-        lease.holders += 1
-    try:
-        yield lease.client
-    finally:
-        with _download_clients_lock:
-            lease.holders -= 1
-            if last := lease.holders == 0:
-                del _download_clients[key]
-        if last:
-            lease.client.close()
+    if (held := _held_client.get()) is not None:
+        yield held
+        return
+    settings = settings_of(step)
+    with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
+        token = _held_client.set(client)
+        try:
+            yield client
+        finally:
+            _held_client.reset(token)
 
 
 def current_handle(step: StepInput, client: ExtractionServerClient) -> ExtractionHandle:

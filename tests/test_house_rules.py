@@ -33,7 +33,6 @@ MUTATING_METHODS = {"append", "add", "update", "pop", "clear", "setdefault", "ex
 # module:name -> what it is keyed by (never a job)
 ALLOWED_STATE = {
     "tasks.clients.auth:_token_sources": "OAuth issuer, client id and a digest of the client secret",
-    "tasks.extractor:_download_clients": "the secret-free identity of the step's settings (config_path, overrides)",
     "tasks.pseudonymizer:_configs_by_digest": "the digest of the anonymization file's bytes",
     "tasks.job.flattening_plan:_plans": "the digest of the flattening step's views (its CRTDL and lookup file)",
     "tasks.core.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
