@@ -280,13 +280,13 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     where = f"{name}: batch {batch.number} ({len(batch.entries)} entries)"
     if not isinstance(exc, TransactionRejected):
         return f"{where} could not be sent: {exc}"
-    status = f"HTTP {exc.status_code}" if exc.status_code is not None else "no status"
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
     hint = f": {text}" if (text := STATUS_HINTS.get(exc.status_code or 0)) else ""
     return (
-        f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: "
-        f"{outcome}"
+        # a rejection has an answer's status (``TransactionRejected``)
+        f"{where} was rejected (HTTP {exc.status_code}){hint}; first failing entry: {entry}; the "
+        f"server says: {outcome}"
     )
 
 
