@@ -65,53 +65,38 @@ class LookupTable:
 
 def lookup_problems(path: Path) -> list[str]:
     """Every problem of the lookup file, each naming table url and element id."""
-    document, problems = _read(Path(path))
-    return problems if document is None else _document_problems(document)
+    return _checked(Path(path))[1]
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
     """The lookup file's tables by profile url; a ``SofError`` lists every problem."""
-    document, problems = _read(Path(path))
-    if document is None or (problems := _document_problems(document)):
+    tables, problems = _checked(Path(path))
+    if problems:
         raise SofError(f"lookup file {path}: " + "; ".join(problems))
-    tables = {}
-    for table in document:
-        elements = table["elements"]
-        parents = {
-            child: parent
-            for parent, element in elements.items()
-            for child in element.get("children", [])
-        }
-        tables[table["url"]] = LookupTable(
-            table["url"], table["resourceType"], table["elements"], parents
-        )
     return tables
 
 
-def _read(path: Path) -> tuple[Any, list[str]]:
+def _checked(path: Path) -> tuple[dict[str, LookupTable], list[str]]:
+    """The file's tables by profile url, and every problem (the tables then are not to use)."""
     try:
-        return read_json_file(path, MAX_LOOKUP_BYTES, f"the lookup file {path}"), []
+        document: Any = read_json_file(path, MAX_LOOKUP_BYTES, f"the lookup file {path}")
     except JsonFileError as exc:
-        return None, [str(exc)]
-
-
-def _document_problems(document: Any) -> list[str]:
+        return {}, [str(exc)]
     validator = Draft202012Validator(LOOKUP_SCHEMA)
     errors = sorted(
         validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]
     )
     if problems := [_schema_problem(document, error) for error in errors]:
-        return problems
-    seen: set[str] = set()
+        return {}, problems
+    tables: dict[str, LookupTable] = {}
     for table in document:
         url = table["url"]
-        if url in seen:
+        if url in tables:
             problems.append(
                 f"table {url}: the url is listed more than once (each profile needs one table)"
             )
-        seen.add(url)
-        problems += _table_problems(table)
-    return problems
+        tables[url] = _table(table, problems)
+    return tables, problems
 
 
 def _schema_problem(document: Any, error: Any) -> str:
@@ -131,9 +116,9 @@ def _schema_problem(document: Any, error: Any) -> str:
     return f"{label}: {error.message}{location}"
 
 
-def _table_problems(table: JsonObject) -> list[str]:
+def _table(table: JsonObject, problems: list[str]) -> LookupTable:
+    """The table, its problems added to ``problems``."""
     url, elements = table["url"], table["elements"]
-    problems = []
     parent_of: dict[str, str] = {}
     for element_id, element in elements.items():
         for child in element.get("children", []):
@@ -154,7 +139,7 @@ def _table_problems(table: JsonObject) -> list[str]:
         select = in_table.in_iterations(element_id, in_table.snippet(element_id))
         problems += _snippet_problems(url, table["resourceType"], element_id, select)
     problems += _cycle_problems(url, elements)
-    return problems
+    return in_table
 
 
 def _cycle_problems(url: str, elements: dict[str, JsonObject]) -> list[str]:
