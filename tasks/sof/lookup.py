@@ -137,7 +137,10 @@ def _table(table: JsonObject, problems: list[str]) -> LookupTable:
     in_table = LookupTable(url, table["resourceType"], elements, parent_of)
     for element_id in elements:
         select = in_table.in_iterations(element_id, in_table.snippet(element_id))
-        problems += _snippet_problems(url, table["resourceType"], element_id, select)
+        try:  # the snippet as a select on its own (FHIRPath that parses, columns)
+            compile_view({"resource": table["resourceType"], "select": [select]})
+        except ViewDefinitionError as exc:
+            problems.append(f"table {url} element {element_id}: {exc}")
     problems += _cycle_problems(url, elements)
     return in_table
 
@@ -185,14 +188,3 @@ def _cycle_problems(url: str, elements: dict[str, JsonObject]) -> list[str]:
                 path.append(child)
                 pending.append(iter(elements[child].get("children", [])))
     return problems
-
-
-def _snippet_problems(
-    url: str, resource_type: str, element_id: str, snippet: JsonObject
-) -> list[str]:
-    """A snippet's problems as a select on its own (FHIRPath that parses, columns)."""
-    try:
-        compile_view({"resource": resource_type, "select": [snippet]})
-    except ViewDefinitionError as exc:
-        return [f"table {url} element {element_id}: {exc}"]
-    return []
