@@ -221,7 +221,8 @@ class CompiledView:
     root: Select
     where: list[tuple[str, Compiled]]
     constants: JsonObject
-    definition: JsonObject
+    name: str
+    """How errors name the view: its ``name``, else ``title``, else its resource type."""
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
 
     @cached_property
@@ -296,11 +297,6 @@ class CompiledView:
         )
         return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
-    @property
-    def name(self) -> str:
-        """How errors name the view: its ``name``, else ``title``, else its resource type."""
-        return str(self.definition.get("name") or self.definition.get("title") or self.resource)
-
     def _passes(self, focus: Focus, env: Env) -> bool:
         for path, evaluate in self.where:
             try:
@@ -340,7 +336,8 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    made = CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
+    name = str(view.get("name") or view.get("title") or resource)
+    made = CompiledView(resource, root.names, root, where, constants, name, max_rows_per_resource)
     refuse_other_types(made)
     return made
 
