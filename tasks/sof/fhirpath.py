@@ -236,14 +236,10 @@ def _resolve(path: TypePath, member: str, of_type: str | None) -> tuple[str, Typ
 @lru_cache(maxsize=1024)
 def holds_resources(type_path: str) -> bool:
     """Whether elements of this type are resources (their ``resourceType`` decides)."""
-    seen = set()
     current: TypePath = type_path
-    while current and current not in seen:
-        if current == "Resource":
-            return True
-        seen.add(current)
+    while current and current != "Resource":
         current = _PARENTS.get(current)
-    return False
+    return current == "Resource"
 
 
 def _walk(plan: Plan, data: Any) -> list[Any] | None:
