@@ -259,9 +259,9 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
     options.log_errors = False
     try:
         return re2.compile(pattern, options)
+    # its compiler's reason, as bytes (its one other error, a str pattern with LATIN1, is not set)
     except re2.error as exc:
-        reason = exc.args[0] if exc.args else exc
-        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
+        reason = exc.args[0].decode(errors="replace")
         raise FhirPathError(
             f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, "
             "which has no backreferences or lookaround (they can take exponential time)"
