@@ -289,7 +289,12 @@ class _Writer:
         reused."""
         found, step = None, 0
         while step < len(operations):
-            paired = step == 0 and self.pairs(operations, focus, indent)
+            # two member steps opening a walk no earlier one opened: taken as one (``member_pair``)
+            paired = (
+                step == 0
+                and [kind for kind, _, _, _ in operations[:2]] == ["member", "member"]
+                and (focus, repr(operations[:1]), indent) not in self.walked
+            )
             known = (focus, repr(operations[: step + 1 + paired]), indent)
             if known not in self.walked:
                 if paired:
@@ -301,14 +306,6 @@ class _Writer:
             found, step = self.walked[known], step + 1 + paired
         assert found is not None  # member_plan gives plans of one step or more
         return found
-
-    def pairs(self, operations: tuple[Operation, ...], focus: str, indent: int) -> bool:
-        """Whether a walk opens with two member steps taken as one (``member_pair``)."""
-        first_two = [kind for kind, _, _, _ in operations[:2]]
-        return (
-            first_two == ["member", "member"]
-            and (focus, repr(operations[:1]), indent) not in self.walked
-        )
 
     def member_pair(self, first: Operation, second: Operation, focus: str, indent: int) -> str:
         """Code giving the elements of two member steps (``code.coding``); the list's name.
