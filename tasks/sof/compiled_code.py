@@ -463,7 +463,7 @@ def member_plan(evaluate: Any, path: TypePath) -> Plan | None:
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
-    if plan is None or plan.counted or not plan.operations:
+    if plan is None or not plan.operations:
         return None
     return (
         plan
