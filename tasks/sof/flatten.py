@@ -270,8 +270,8 @@ class RowsWriter:
     view's ``csv_rows`` where it takes them, else its rows of the resource parsed with its
     decimals (``line.exact``)."""
 
-    def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
-        self.path, self.view, self.name, self.line = path, view, name, line
+    def __init__(self, path: Path, view: CompiledView, line: ParsedLine):
+        self.path, self.view, self.line = path, view, line
         self.rows = 0
         self._pending: list[Row] = []
         self._stream: IO[str] | None = None
@@ -292,7 +292,7 @@ class RowsWriter:
             if len(self._pending) >= ROWS_PER_BATCH:
                 self._write(chain(self._pending, rows) if streamed else self._pending)
         except ViewError as exc:
-            raise ViewEvaluationError(f"{self.name}: {exc}") from exc
+            raise ViewEvaluationError(f"{self.path.name}: {exc}") from exc
 
     def _write(self, rows: Iterable[Row]) -> None:
         if self._writer is None:
@@ -304,7 +304,8 @@ class RowsWriter:
         # an object cell nested deeper than orjson writes (254 levels)
         except orjson.JSONEncodeError as exc:
             raise ViewEvaluationError(
-                f"{self.name}: a cell from {self.line.source} cannot be written as JSON ({exc})"
+                f"{self.path.name}: a cell from {self.line.source} cannot be written as JSON "
+                f"({exc})"
             ) from None
         self._pending = []
 
@@ -334,8 +335,7 @@ def flatten_file(
     work.mkdir(parents=True)
     parsed = ParsedLine(Path(plan.sources[0].path))
     writers = [
-        RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed)
-        for g in plan.groups
+        RowsWriter(work / g.csv_name, compiled_view(g.view_json), parsed) for g in plan.groups
     ]
     groups = [(g.id, g.resource_type) for g in plan.groups]
     selections = [g.selection for g in plan.groups]
