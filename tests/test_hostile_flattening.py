@@ -32,7 +32,7 @@ from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_
 from tests.flattening_runs import flatten_files
 from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import Item, compile_path
+from tasks.sof.fhirpath import compile_path
 from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS
 from tasks.sof.flatten import FilePlan, GroupPlan, PieceSource, flatten_file
 from tasks.sof.resources import parse_line
@@ -476,13 +476,13 @@ def test_a_deeply_nested_expression_is_refused_clearly_when_compiled(expression,
 
 def test_a_stack_that_runs_out_while_evaluating_is_a_fhirpath_error_not_a_recursion_error() -> None:
     evaluate = compile_path("(" * 45 + "id" + ")" * 45)  # within MAX_EXPRESSION_DEPTH
-    patient = Item({"resourceType": "Patient", "id": "p"}, "Patient")
-    assert [item.data for item in evaluate(patient, {})] == ["p"]
+    patient = {"resourceType": "Patient", "id": "p"}
+    assert evaluate.collect(patient, "Patient", {})[0] == ["p"]
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(len(inspect.stack()) + 100)  # a caller that is already deep in its stack
     try:
         with pytest.raises(FhirPathError, match="ran out of Python's stack"):
-            evaluate(patient, {})
+            evaluate.collect(patient, "Patient", {})
     finally:
         sys.setrecursionlimit(limit)
 

@@ -147,9 +147,9 @@ class Interpreted:
     typed: bool
     """Whether it has a type filter: a resource at its focus is then a ``_Resource``"""
 
-    def __call__(self, focus: Item, env: Env) -> list[Item]:
-        resource = self.typed and isinstance(focus.data, Mapping) and "resourceType" in focus.data
-        node = (_Resource if resource else ResourceNode.create_node)(focus.data, focus.path)
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
+        resource = self.typed and isinstance(data, Mapping) and "resourceType" in data
+        node = (_Resource if resource else ResourceNode.create_node)(data, path)
         data_root = arraify(node)
         ctx = {
             "dataRoot": data_root,
@@ -170,14 +170,13 @@ class Interpreted:
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
-        return [
-            Item(value.data, value.path) if isinstance(value, ResourceNode) else Item(value)
-            for value in arraify(result)
-            if not _is_primitive_extension_only(value)
-        ]
-
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
-        return data_and_paths(self(Item(data, path), env))
+        return data_and_paths(
+            [
+                Item(value.data, value.path) if isinstance(value, ResourceNode) else Item(value)
+                for value in arraify(result)
+                if not _is_primitive_extension_only(value)
+            ]
+        )
 
 
 class _Resource(ResourceNode):
