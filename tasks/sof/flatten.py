@@ -67,7 +67,7 @@ def add_routes(routes: Routes, provenance: JsonObject) -> None:
             groups.append(identifier["value"])
     for target in as_array(provenance.get("target")):
         if (key := reference_key(as_object(target).get("reference"))) is not None and groups:
-            routes.setdefault(key, set()).update(groups)
+            routes[key] = routes.get(key, set()) | set(groups)
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
@@ -139,7 +139,7 @@ class Router:
         resources = line_resources(resource)
         routes = bare
         if resource.get("resourceType") == "Bundle" and self.by_provenance:
-            routes = {key: set(groups) for key, groups in bare.items()} if bare else {}
+            routes = dict(bare)  # add_routes makes new sets: the file's stay as they are
             for item in resources:
                 if item.get("resourceType") == "Provenance":
                     add_routes(routes, item)
