@@ -25,8 +25,13 @@ way."""
 
 def compile_rows(select: Select, limit: int) -> RowsAt:
     """``select``'s rows at a focus as a list; None for more than ``limit``."""
-    if select.iteration == "repeat":
-        return _general_rows(select, limit)
+    if select.iteration == "repeat":  # the general way's rows: its bound stays there
+
+        def repeated(data: Any, path: Any, env: Any) -> Rows:
+            found = list(islice(select.rows((data, path), env), limit + 1))
+            return found if len(found) <= limit else None
+
+        return repeated
     rows_at = _rows_at(select, limit)
     if select.iteration is None:
         return rows_at
@@ -52,14 +57,6 @@ def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
     def rows(data: Any, path: Any, env: Any) -> Rows:
         found = generated(data)
         return closures(data, path, env) if found is None else found
-
-    return rows
-
-
-def _general_rows(select: Select, limit: int) -> RowsAt:
-    def rows(data: Any, path: Any, env: Any) -> Rows:
-        found = list(islice(select.rows((data, path), env), limit + 1))
-        return found if len(found) <= limit else None
 
     return rows
 
