@@ -154,15 +154,11 @@ class Select:
             return (head,)
         parts: list[Part] = []
         for select in self.selects:
-            parts.append(_part(select.rows, focus, env))
+            parts.append(_part(partial(select.rows, focus, env)))
             if not parts[-1]:
                 return ()
         if self.union:
-            parts.append(
-                _part(
-                    lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env
-                )
-            )
+            parts.append(_part(lambda: chain.from_iterable(b.rows(focus, env) for b in self.union)))
         return _product(head, parts)
 
 
@@ -179,16 +175,12 @@ class _Reproduced:
 Part = tuple[Any, ...] | list[Any] | _Reproduced
 
 
-def _part(
-    produce: Callable[[Focus, Env], Iterable[Row]],
-    focus: Focus,
-    env: Env,
-) -> Part:
+def _part(produce: Callable[[], Iterable[Row]]) -> Part:
     """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
-    if isinstance(rows := produce(focus, env), tuple):
+    if isinstance(rows := produce(), tuple):
         return rows
     kept = list(islice(rows, CACHED_ROWS + 1))
-    return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
+    return kept if len(kept) <= CACHED_ROWS else _Reproduced(produce)
 
 
 def _product(head: Row, parts: list[Part]) -> Iterable[Row]:
