@@ -306,8 +306,11 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
         if kind == "first":
             items = items[:1]
         elif kind == "type":  # fhirpathpy's type filter: resources of that type
-            resources = [item for item in items if isinstance(item.data, Mapping)]
-            items = [item for item in resources if item.data.get("resourceType") == name]
+            items = [
+                item
+                for item in items
+                if isinstance(item.data, Mapping) and item.data.get("resourceType") == name
+            ]
         elif kind == "where":
             items = [
                 item
