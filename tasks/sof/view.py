@@ -253,22 +253,19 @@ class CompiledView:
         Note: a list or tuple when few, else an iterator; an error names the view and resource."""
         if resource.get("resourceType") != self.resource:
             return ()
+        focus = (resource, self.resource)
+        env = {**self.constants, "rowIndex": 0}
         try:
-            rows = self._rows(resource)
+            if not self._passes(focus, env):
+                return ()
+            # the compiled selects' rows, else the general way's (``%rowIndex``, many rows)
+            found = None if self.compiled is None else self.compiled(resource, self.resource, env)
+            rows = self.root.rows(focus, env) if found is None else found
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc
         if isinstance(rows, list | tuple) and len(rows) <= self.max_rows_per_resource:
             return rows
         return self._streamed(resource, rows)
-
-    def _rows(self, resource: JsonObject) -> Iterable[Row]:
-        """The compiled selects' rows, else the general way's (``%rowIndex``, many rows)."""
-        focus = (resource, self.resource)
-        env = {**self.constants, "rowIndex": 0}
-        if not self._passes(focus, env):
-            return ()
-        rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
-        return self.root.rows(focus, env) if rows is None else rows
 
     def _streamed(self, resource: JsonObject, rows: Iterable[Row]) -> Iterator[Row]:
         try:
