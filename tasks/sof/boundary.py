@@ -63,16 +63,6 @@ def _date(text: str, precision: int | None, high: bool) -> str | None:
     return _datetime(text, precision or 8, high)
 
 
-def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str:
-    """The first (or last) day the digits stand for."""
-    year_number = int(year)
-    month_number = int(month) if month else (12 if high else 1)
-    day_number = (
-        int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
-    )
-    return f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
-
-
 def _milliseconds(digits: str | None, high: bool) -> str:
     return (digits or "")[:MILLISECOND_DIGITS].ljust(MILLISECOND_DIGITS, "9" if high else "0")
 
@@ -81,10 +71,13 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
     if (match := _DATETIME.match(text)) is None:
         return None
     year, month, day, hour, minute, second, fraction, zone = match.groups()
+    # the first (or last) month and day the digits stand for; the regex gave them 2 digits each
+    month = month or ("12" if high else "01")
+    day = day or (f"{calendar.monthrange(int(year), int(month))[1]}" if high else "01")
     hour = hour or ("23" if high else "00")
     minute, second = (part or ("59" if high else "00") for part in (minute, second))
     zone = zone or ("-12:00" if high else "+14:00")
-    date = _full_date(year, month, day, high)
+    date = f"{year}-{month}-{day}"
     if precision is None or precision == 17:
         return f"{date}T{hour}:{minute}:{second}.{_milliseconds(fraction, high)}{zone}"
     cuts = {4: date[:4], 6: date[:7], 8: date, 10: f"{date}T{hour}", 12: f"{date}T{hour}:{minute}"}
