@@ -178,8 +178,9 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msg
 def flat_keys(view: Any) -> list[str] | None:
     """The JSON key each column of a flat view reads, in order; None for other views."""
     # compile_view joins nested selects of one row each to their parent's columns: a flat view's
-    # root has them all; of one column attrgetter gives no tuple
-    if len(view.columns) < 2 or view.root.selects or view.root.union:
+    # root has them all; of one column attrgetter gives no tuple. The root, compiled from
+    # {"select": ...}, has no unionAll.
+    if len(view.columns) < 2 or view.root.selects:
         return None
     keys = single_keys(view.root.columns, view.resource)
     return None if keys is None else list(keys)
