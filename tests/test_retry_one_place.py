@@ -46,6 +46,10 @@ POLICY_WAITS = ["attempt 1 of 3, retrying in 0.3 s", "attempt 2 of 3, retrying i
 
 PATIENT = b'{"resourceType":"Patient","id":"p1"}'
 NDJSON = PATIENT + b"\n"
+TRANSACTION = b'{"resourceType":"Bundle","type":"transaction","entry":[{"resource":' + PATIENT + b"}]}"
+TRANSACTION_RESPONSE = (
+    b'{"resourceType":"Bundle","type":"transaction-response","entry":[{"response":{"status":"201 Created"}}]}'
+)
 OUTCOME = b'{"resourceType":"OperationOutcome","issue":[{"severity":"information","code":"informational"}]}'
 CAPABILITIES = json.dumps(
     {
@@ -87,9 +91,9 @@ def validate(base_url: str, tmp_path: Path) -> object:
         return Validator(client).validate(Chunk(1, PATIENT, ("Patient/p1",)), "a.ndjson")["resourceType"]
 
 
-def read_from_fhir_server(base_url: str, tmp_path: Path) -> object:
+def send_to_fhir_server(base_url: str, tmp_path: Path) -> object:
     with FhirServer(ServiceClient(ServiceEndpoint("FHIR server", base_url), TLS, RETRY)) as server:
-        return server.get("Patient/p1")["id"]
+        return server.transaction(TRANSACTION, 1)["type"]
 
 
 def check_flattener(base_url: str, tmp_path: Path) -> object:
@@ -104,7 +108,7 @@ CLIENTS: dict[str, tuple[Callable[[str, Path], object], Reply, object]] = {
     "http_import": (http_import, ndjson_file(), 1),
     "pseudonymizer": (pseudonymize, Reply(200, body=PATIENT), PATIENT),
     "validator": (validate, Reply(200, body=OUTCOME), "OperationOutcome"),
-    "FHIR server": (read_from_fhir_server, Reply(200, body=PATIENT), "p1"),
+    "FHIR server": (send_to_fhir_server, Reply(200, body=TRANSACTION_RESPONSE), "transaction-response"),
     "flattener": (check_flattener, Reply(200, body=CAPABILITIES), "listed $run"),
 }
 

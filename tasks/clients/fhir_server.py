@@ -159,22 +159,15 @@ class FhirServer(Closing):
             "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_answer=False, hints=PUT_HINTS
         )
 
-    def get(self, path: str, **params: str) -> JsonObject:
-        """GET a resource or a search under ``{url}/fhir`` (to read back what was sent)."""
-        return as_object(
-            orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).content)
-        )
-
     def _call(
         self,
         method: str,
         path: str,
         operation: str,
-        body: Body | None = None,
+        body: Body,
         length: int | None = None,
         *,
         read_answer: bool = True,
-        params: dict[str, str] | None = None,
         hints: dict[int, str] | None = None,
         rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
         extra_headers: dict[str, str] | None = None,
@@ -199,7 +192,6 @@ class FhirServer(Closing):
                 path,
                 body=body,
                 headers=headers,
-                params=params,
                 timeout=timeout,
                 **where,
             ) as response:
