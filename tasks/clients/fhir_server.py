@@ -181,10 +181,12 @@ class FhirServer(Closing):
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
+        # each attempt's deadline: the request's plus the upload of the body
+        seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
+        timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=seconds)))
 
         def attempt() -> httpx.Response:
-            deadline = self._attempt_deadline(size)
-            timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
+            deadline = Deadline(seconds, DEADLINE_SETTING)
             with answer_within(
                 self.http,
                 deadline,
@@ -207,11 +209,6 @@ class FhirServer(Closing):
                 )
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
-
-    def _attempt_deadline(self, size: int | None) -> Deadline:
-        """Start one attempt's deadline: the request's plus the upload of ``size`` bytes."""
-        seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
-        return Deadline(seconds, DEADLINE_SETTING)
 
 
 def rejected_by_status(answer: httpx.Response, error: ServiceError) -> TransactionRejected:
