@@ -241,18 +241,6 @@ def annotated(outcome: JsonObject, chunk: Chunk) -> JsonObject:
     }
 
 
-def as_operation_outcome(content: bytes) -> JsonObject | None:
-    """Return the answer as an OperationOutcome, every text redacted, else None.
-
-    Note: redacted for reports, logs and artifacts.
-    """
-    answer = json_or_none(content)
-    if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
-        return None
-    redacted: JsonObject = redact_strings(answer)
-    return redacted
-
-
 class Validator:
     """Validates chunks through one ``ServiceClient``.
 
@@ -285,7 +273,10 @@ class Validator:
         """
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         response = self._send(operation=operation, body=chunk.body)
-        if (outcome := as_operation_outcome(response.content)) is not None:
+        answer = json_or_none(response.content)
+        if isinstance(answer, dict) and answer.get("resourceType") == "OperationOutcome":
+            # every text redacted for reports, logs and artifacts
+            outcome: JsonObject = redact_strings(answer)
             return outcome
         if response.is_error:
             raise error_from_response(response, operation=operation, service=service)
