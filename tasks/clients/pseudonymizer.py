@@ -10,7 +10,6 @@ import base64
 import functools
 import hashlib
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -126,17 +125,13 @@ class Pseudonymizer:
         *,
         config: AnonymizationConfig | None = None,
         split_threshold_mb: int = 10,
-        deadline: timedelta | None = None,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        """Send through ``client``; ``deadline`` bounds each whole request.
+        """Send through ``client``, each whole request within the client's read timeout.
 
-        Note: by default the client's read timeout, which ``http_timeout`` sets to the configured
-        ``services.pseudonymizer.timeout``.
+        Note: ``http_timeout`` sets that to the configured ``services.pseudonymizer.timeout``.
         """
-        seconds = (
-            read_seconds(client.http.timeout) if deadline is None else deadline.total_seconds()
-        )
+        seconds = read_seconds(client.http.timeout)
         self._send = functools.partial(
             client.request,
             "POST",
