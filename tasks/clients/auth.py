@@ -5,6 +5,7 @@ See docs/development.md#service-clients.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import hashlib
@@ -327,6 +328,15 @@ def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
     return auth.username, auth.password.get_secret_value()
 
 
+def basic_credentials(username: str, password: str) -> str:
+    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth.
+
+    Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
+    quoting a character of it.
+    """
+    return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+
+
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
@@ -343,17 +353,16 @@ class ServiceAuth(httpx.Auth):
         self._issuer_setting = (
             f"{setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if setting else None
         )
-        self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
-        self._api_key: dict[str, str] = {}  # header: key
+        self._headers: dict[str, str] = {}  # Basic's Authorization, then the API key's header
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
             elif (login := basic_login(auth)) is not None:
-                self._basic = httpx.BasicAuth(*login)
+                self._headers["Authorization"] = "Basic " + basic_credentials(*login)
             if auth.api_key is not None:
-                self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
-        self.sends_credentials = bool(self._basic or self._tokens or self._api_key)
+                self._headers[auth.api_key_header] = auth.api_key.get_secret_value()
+        self.sends_credentials = bool(self._tokens or self._headers)
         # a token in the configured URL's query, a credential too
         self._query = httpx.URL(base_url).params
         self._withheld_origins: set[Origin] = set()
@@ -455,17 +464,15 @@ class ServiceAuth(httpx.Auth):
             if self._tokens is None
             else self._tokens.access_token(rejected=rejected, setting=self._issuer_setting)
         )
-        if self._basic is not None:
-            next(self._basic.auth_flow(request))
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
-        request.headers.update(self._api_key)
+        request.headers.update(self._headers)
         if self._query:
             request.url = request.url.copy_merge_params(self._query)
         return token
 
     def _withhold(self, request: httpx.Request) -> None:
-        for name in [*CREDENTIAL_HEADERS, *self._api_key]:
+        for name in [*CREDENTIAL_HEADERS, *self._headers]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
         if self.sends_credentials and origin not in self._withheld_origins:

@@ -5,7 +5,6 @@ See docs/development.md#service-clients.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import logging
@@ -32,7 +31,7 @@ from botocore.exceptions import (
 from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
-from tasks.clients.auth import basic_login
+from tasks.clients.auth import basic_credentials, basic_login
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -218,15 +217,6 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
     if (login := basic_login(send.auth)) is not None:
         secrets.append(basic_credentials(*login))
     return tuple(secret for secret in secrets if secret)
-
-
-def basic_credentials(username: str, password: str) -> str:
-    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth.
-
-    Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
-    quoting a character of it.
-    """
-    return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
 
 
 def service_error(
