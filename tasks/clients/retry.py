@@ -19,7 +19,6 @@ from tenacity import (
 )
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
-from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import pause, raise_if_cancelled
 
 if TYPE_CHECKING:
@@ -34,17 +33,21 @@ def is_transient(exc: BaseException) -> bool:
     return exc.transient if isinstance(exc, ServiceError) else is_transient_network_error(exc)
 
 
-def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> JsonObject:
-    backoff = wait_exponential(
-        multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000
-    )
+def call_with_retry(
+    attempt: Callable[[], T],
+    retry: RetrySettings,
+    *,
+    operation: str,
+    service: str | None = None,
+    sleep: Callable[[float], None] = pause,
+) -> T:
+    max_backoff = retry.max_backoff_ms / 1000
+    backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=max_backoff)
 
     def wait(state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
         retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
-        return (
-            backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
-        )
+        return backoff(state) if retry_after is None else min(retry_after, max_backoff)
 
     def log_retry(state: RetryCallState) -> None:
         # a cancelled fan-out's call (its client closed under it) is not retried
@@ -64,27 +67,16 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> Jso
             wait,
         )
 
-    return {
-        "stop": stop_after_attempt(retry.max_attempts),
-        "wait": wait,
-        "retry": retry_if_exception(is_transient),
-        "before_sleep": log_retry,
-        "reraise": True,
-    }
-
-
-def call_with_retry(
-    attempt: Callable[[], T],
-    retry: RetrySettings,
-    *,
-    operation: str,
-    service: str | None = None,
-    sleep: Callable[[float], None] = pause,
-) -> T:
+    retrying = Retrying(
+        sleep=sleep,
+        stop=stop_after_attempt(retry.max_attempts),
+        wait=wait,
+        retry=retry_if_exception(is_transient),
+        before_sleep=log_retry,
+        reraise=True,
+    )
     try:
-        return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(
-            attempt
-        )
+        return retrying(attempt)
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 
