@@ -110,23 +110,20 @@ def bundle_entry(
     (``tasks.core.exact_json``).
     """
     if with_full_urls(resource):
-        resource_json = with_full_urls_written(resource_json, f"{source}: line {line_number}")
+        try:
+            # recurses per level: orjson, which checked the line, reads 1024
+            exact = loads_exact(resource_json)
+            with_full_urls(exact)
+            resource_json = dumps_exact(exact)
+        except (TypeError, RecursionError):  # orjson writes at most 254 levels
+            raise NdjsonError(
+                f"{source}: line {line_number}: the Bundle is nested too deep (over 254 levels) "
+                "to be validated"
+            ) from None
     full_url = orjson.dumps(full_url_of(resource))
     return b'{"fullUrl":' + full_url + b',"resource":' + resource_json + b"}", resource_label(
         resource, line_number
     )
-
-
-def with_full_urls_written(resource_json: bytes, where: str) -> bytes:
-    try:
-        # recurses per level: orjson, which checked the line, reads 1024
-        exact = loads_exact(resource_json)
-        with_full_urls(exact)
-        return dumps_exact(exact)
-    except (TypeError, RecursionError):  # orjson writes at most 254 levels
-        raise NdjsonError(
-            f"{where}: the Bundle is nested too deep (over 254 levels) to be validated"
-        ) from None
 
 
 def full_url_of(resource: Any) -> str:
