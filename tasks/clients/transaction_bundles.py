@@ -13,7 +13,7 @@ import orjson
 
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
-from tasks.core.json_shapes import JsonObject
+from tasks.core.json_shapes import JsonObject, as_object
 from tasks.streams.ndjson import iter_lines, parse_resource
 
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
@@ -102,23 +102,15 @@ def line_entries(
             )
         for index, item in enumerate(entries or []):
             inner = item.get("resource") if isinstance(item, dict) else None
-            if isinstance(inner, dict) and not search_outcome(item):
+            # not a search's own OperationOutcome (``search.mode: outcome``): sending it would
+            # store the source server's messages on the destination
+            if isinstance(inner, dict) and as_object(item.get("search")).get("mode") != "outcome":
                 tag = f"{tag_prefix}:{line_number}:{index}"
                 yield transaction_entry(
                     inner, None, tag, f"{where} entry {index + 1}", item.get("fullUrl")
                 )
         return
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
-
-
-def search_outcome(entry: JsonObject) -> bool:
-    """Tell whether a searchset entry is the search's own OperationOutcome, not data.
-
-    Why: sending it (``search.mode: outcome``) would store the source server's messages on the
-    destination.
-    """
-    search = entry.get("search")
-    return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
 def written(resource: JsonObject, where: str) -> bytes:
