@@ -28,7 +28,7 @@ from typing import Any, TypedDict, Unpack
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_object, as_objects
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
@@ -214,15 +214,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
         return []
     texts: list[str] = []
-    for issue in as_array(outcome.get("issue")):
-        if isinstance(issue, dict):
-            details = issue.get("details")
-            for text in (
-                issue.get("diagnostics"),
-                details.get("text") if isinstance(details, dict) else None,
-            ):
-                if isinstance(text, str) and text.strip():
-                    texts.append(plain_text(truncate(redact(text.strip()), MAX_TEXT_CHARS)))
+    for issue in as_objects(outcome.get("issue")):
+        for text in (issue.get("diagnostics"), as_object(issue.get("details")).get("text")):
+            if isinstance(text, str) and text.strip():
+                texts.append(plain_text(truncate(redact(text.strip()), MAX_TEXT_CHARS)))
     return texts
 
 
