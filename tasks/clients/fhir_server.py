@@ -239,11 +239,8 @@ def checked_transaction_response(answer: httpx.Response, sent: int) -> JsonObjec
         status = str(said.get("status", ""))
         code = status.split(" ", 1)[0]
         if not (code.isdigit() and 200 <= int(code) < 300):
-            texts = (
-                operation_outcome_texts(orjson.dumps(said["outcome"]))
-                if said.get("outcome")
-                else []
-            )
+            # no OperationOutcome (none, or another JSON value) has no texts
+            texts = operation_outcome_texts(orjson.dumps(said.get("outcome")))
             outcome = truncate("; ".join(texts), MAX_MESSAGE_CHARS)
             # the server's own words
             shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"
