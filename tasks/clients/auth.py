@@ -29,7 +29,7 @@ from tasks.clients.errors import (
     json_or_none,
     SERVICE_SETTING,
 )
-from tasks.core.json_shapes import JsonObject
+from tasks.core.json_shapes import JsonObject, as_object
 
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text, truncate
@@ -225,7 +225,7 @@ class TokenSource:
             )
             if response.status_code == 200:
                 document = json_or_none(response.content)
-        endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
+        endpoint = as_object(document).get("token_endpoint")
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)
         fallback = f"{self.issuer}/protocol/openid-connect/token"

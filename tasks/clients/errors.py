@@ -210,8 +210,8 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     """
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
-    outcome = json_or_none(body)
-    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
+    outcome = as_object(json_or_none(body))
+    if outcome.get("resourceType") != "OperationOutcome":
         return []
     texts: list[str] = []
     for issue in as_objects(outcome.get("issue")):

@@ -251,11 +251,7 @@ def result_urls(document: Any, max_files: int) -> list[str]:
         raise ExtractionError(
             "the completed extraction's answer is neither a manifest nor a Parameters resource"
         )
-    if urls := [
-        o["url"]
-        for o in manifest["output"]
-        if isinstance(o, dict) and isinstance(o.get("url"), str)
-    ]:
+    if urls := [o["url"] for o in as_objects(manifest["output"]) if isinstance(o.get("url"), str)]:
         return urls
     errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
     for extension in as_objects(manifest.get("extension")):

@@ -201,7 +201,7 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
 
     Note: read from ``entry[].item.reference``.
     """
-    if not isinstance(document, dict) or document.get("resourceType") != "List":
+    if as_object(document).get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
     items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
     return tuple(
@@ -307,7 +307,7 @@ class ExtractionTaskClient(ServiceClient):
                 continue
             # the body of a PUT's answer is not specified: the Task is read when it is not one
             task = json_or_none(response.content)
-            if not isinstance(task, dict) or task.get("resourceType") != "Task":
+            if as_object(task).get("resourceType") != "Task":
                 task = self.read_task(job_id)
             return ControlResult(ExtractionJob.from_task(task), changed=True)
         message = (

@@ -55,6 +55,7 @@ from tasks.clients.http import (
     without_query,
 )
 from tasks.clients.retry import call_once
+from tasks.core.json_shapes import as_object
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
 from tasks.streams.fanout import pause
 
@@ -276,18 +277,14 @@ class ExtractionServerClient(Closing):
                 self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where
             ) as answer:
                 task = (
-                    json_or_none(bounded_answer(answer).content)
+                    as_object(json_or_none(bounded_answer(answer).content))
                     if answer.status_code == 200
-                    else None
+                    else {}
                 )
         # ExtractionError: over the manifest bound
         except (httpx.HTTPError, ServiceError, ExtractionError):
             return None
-        return (
-            job_status_of(task)
-            if isinstance(task, dict) and task.get("resourceType") == "Task"
-            else None
-        )
+        return job_status_of(task) if task.get("resourceType") == "Task" else None
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
         if (document := json_or_none(response.content)) is None:

@@ -229,8 +229,8 @@ def checked_transaction_response(answer: httpx.Response, sent: int) -> JsonObjec
 
     Note: raises ``TransactionRejected``.
     """
-    bundle = json_or_none(answer.content)
-    if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
+    bundle = as_object(json_or_none(answer.content))
+    if bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))
     # the first entry whose response.status is not 2xx fails the batch

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_objects, JsonObject
+from tasks.core.json_shapes import as_object, as_objects, JsonObject
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
@@ -164,7 +164,7 @@ def lists_view_run(statement: Any) -> bool:
 
     Note: per resource or system-wide.
     """
-    if not isinstance(statement, dict) or statement.get("resourceType") != "CapabilityStatement":
+    if as_object(statement).get("resourceType") != "CapabilityStatement":
         return False
     for rest in as_objects(statement.get("rest")):
         for resource in as_objects(rest.get("resource")):
@@ -177,5 +177,5 @@ def lists_view_run(statement: Any) -> bool:
     return False
 
 
-def _is_run(operation: Any) -> bool:
-    return isinstance(operation, dict) and str(operation.get("name", "")).lstrip("$") == "run"
+def _is_run(operation: JsonObject) -> bool:
+    return str(operation.get("name", "")).lstrip("$") == "run"

@@ -101,7 +101,7 @@ def line_entries(
                 "fix it"
             )
         for index, item in enumerate(entries or []):
-            inner = item.get("resource") if isinstance(item, dict) else None
+            inner = as_object(item).get("resource")
             # not a search's own OperationOutcome (``search.mode: outcome``): sending it would
             # store the source server's messages on the destination
             if isinstance(inner, dict) and as_object(item.get("search")).get("mode") != "outcome":

@@ -145,8 +145,7 @@ def with_full_urls(resource: JsonObject) -> bool:
         if not entry.get("fullUrl"):
             entry["fullUrl"] = full_url_of(entry.get("resource"))
             changed = True
-        if isinstance(entry.get("resource"), dict):
-            changed = with_full_urls(entry["resource"]) or changed
+        changed = with_full_urls(as_object(entry.get("resource"))) or changed
     return changed
 
 
