@@ -11,7 +11,7 @@ import functools
 import logging
 import ssl
 from urllib.parse import urlsplit, urlunsplit
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self
@@ -30,7 +30,6 @@ from tasks.clients.bounds import (
 )
 from tasks.clients.errors import Call, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
-from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import pause, stopping
 
 if TYPE_CHECKING:
@@ -207,7 +206,14 @@ class ServiceClient(Closing):
 
         def attempt() -> httpx.Response:
             bound = None if deadline is None else deadline()
-            with self._answer(bound, method, url, where, request_kwargs) as response:
+            with contextlib.ExitStack() as stack:
+                if bound is None:
+                    response = stack.enter_context(self.http.stream(method, url, **request_kwargs))
+                else:  # a cancelled fan-out ends the answer at once
+                    stack.enter_context(stopping(bound.shut_down))
+                    response = stack.enter_context(
+                        answer_within(self.http, bound, method, url, **where, **request_kwargs)
+                    )
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
                 body = read_answer(
@@ -223,21 +229,3 @@ class ServiceClient(Closing):
         if once:
             return call_once(attempt, **where)
         return call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
-
-    @contextlib.contextmanager
-    def _answer(
-        self,
-        deadline: Deadline | None,
-        method: str,
-        url: str,
-        where: Call,
-        request: JsonObject,
-    ) -> Iterator[httpx.Response]:
-        """The streamed answer; within ``deadline``, a cancelled fan-out ends it at once."""
-        if deadline is None:
-            with self.http.stream(method, url, **request) as response:
-                yield response
-            return
-        with stopping(deadline.shut_down):
-            with answer_within(self.http, deadline, method, url, **where, **request) as response:
-                yield response
