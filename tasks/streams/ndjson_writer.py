@@ -216,12 +216,17 @@ class AtomicNdjsonWriter:
         self._raw.flush()
         for _, end in byte_spans(self.part, pool_size(), self._checked_to, self._written):
             self._check_span(end)
-        return lambda: self._summed(
-            (os.fspath(self.part.absolute()), self._source, self._max_line_bytes, 0, self._written)
-        )
+        return self._summed
 
-    def _summed(self, whole: tuple[str, str, int, int, int]) -> LineCounts:
-        """Add up the spans' counts; a bad line is judged in the ``whole`` data."""
+    def _summed(self) -> LineCounts:
+        """Add up the spans' counts; a bad line is judged in the whole data."""
+        whole = (
+            os.fspath(self.part.absolute()),
+            self._source,
+            self._max_line_bytes,
+            0,
+            self._written,
+        )
         try:
             return LineCounts(
                 *map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True))
