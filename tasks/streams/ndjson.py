@@ -185,16 +185,13 @@ class _InputWanted(Exception):
     """A zstd reader read all that was fed so far."""
 
 
-class _Fed:
+class _Fed(list[bytes]):
     """What a ``StreamDecoder`` was fed, for its zstd reader to read, last item first."""
 
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-
     def read(self, _size: int) -> bytes:
-        if not self.chunks:
+        if not self:
             raise _InputWanted  # raised only before the reader's call gave output: read1 loses none
-        return self.chunks.pop()
+        return self.pop()
 
 
 class StreamDecoder:
@@ -228,7 +225,7 @@ class StreamDecoder:
         if not self._is_zstd:
             yield chunk
             return
-        self._fed.chunks.append(chunk)
+        self._fed.append(chunk)
         try:
             while True:
                 yield self._reader.read1(CHUNK_SIZE)
@@ -242,7 +239,7 @@ class StreamDecoder:
             yield self._head
         if not self._is_zstd:
             return
-        self._fed.chunks = [b"", END_FRAME]  # END_FRAME, then the end
+        self._fed[:] = [b"", END_FRAME]  # END_FRAME, then the end
         try:
             ended = self._reader.read(len(END_TEXT) + 1) == END_TEXT
         except zstandard.ZstdError:
