@@ -312,14 +312,10 @@ MIN_REDACTABLE_SECRET = 8
 
 def _secret_values(settings: Settings) -> dict[str, str]:
     """Each secret key that is set, by its current path, and its value."""
-    values = {
-        path: value_at(settings, path)
-        for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))
-    }
     return {
         path: value.get_secret_value()
-        for path, value in values.items()
-        if isinstance(value, SecretStr)
+        for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))
+        if isinstance(value := value_at(settings, path), SecretStr)
     }
 
 
