@@ -461,7 +461,5 @@ def parse_resource(
 
 def remove_partial_files(folder: Path) -> None:
     """Delete temporary files a killed process left behind (never resumed from)."""
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if is_partial(path):
-                path.unlink(missing_ok=True)
+    for path in folder.glob(f"{PART_PREFIX}*{PART_SUFFIX}"):  # none where no folder
+        path.unlink(missing_ok=True)
