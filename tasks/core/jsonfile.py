@@ -109,18 +109,18 @@ def parse_json_document(data: bytes, label: str) -> JSON:
         raise JsonFileError(f"{label} is not UTF-8 text; save it as UTF-8") from None
     except ValueError as exc:
         raise JsonFileError(f"{label} is not valid JSON ({exc}); fix the file") from None
-    if json_depth_exceeds(document, MAX_JSON_DEPTH):
+    if json_depth_exceeds(document):
         raise too_deep
     return document
 
 
-def json_depth_exceeds(document: JSON, limit: int) -> bool:
-    """Whether objects and arrays nest more than ``limit`` levels (no recursion)."""
+def json_depth_exceeds(document: JSON) -> bool:
+    """Whether objects and arrays nest more than ``MAX_JSON_DEPTH`` levels (no recursion)."""
     stack: list[tuple[JSON, int]] = [(document, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict | list):
-            if depth > limit:
+            if depth > MAX_JSON_DEPTH:
                 return True
             stack.extend(
                 (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
