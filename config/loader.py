@@ -233,7 +233,7 @@ def _display(value: object) -> str:
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
     """(dotted key, shown value, source) of each leaf key; a set secret shows ********."""
     return [
-        (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default"))
+        (path, _display(value_at(loaded.settings, path)), loaded.sources[path])
         for path in leaf_paths()
     ]
 
