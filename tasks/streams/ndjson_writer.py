@@ -78,13 +78,15 @@ class AtomicNdjsonWriter:
         size_hint: int | None = None,
         zstd_thread: bool = False,
     ):
-        self.dest, self._level, self._max_line_bytes, self._size_hint = (
-            dest,
-            level,
-            max_line_bytes,
-            size_hint,
+        self.dest, self._max_line_bytes = dest, max_line_bytes
+        threads = ZSTD_THREAD if zstd_thread else {"threads": 0}
+        self._zstd_params = (  # None: a plain file
+            None
+            if level is None
+            else zstandard.ZstdCompressionParameters.from_level(
+                ZSTD_LEVELS[level], source_size=size_hint or 0, **threads
+            )
         )
-        self._zstd_threads = ZSTD_THREAD if zstd_thread else {"threads": 0}
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
         check_later = (
@@ -107,15 +109,11 @@ class AtomicNdjsonWriter:
         # the step removes temporary files after a cancelled fan-out: none may come later
         with unless_cancelled():
             self._raw = open(self.part, "wb")
-        if self._level is None:
+        if self._zstd_params is None:
             self._out: BinaryIO = self._raw
         else:
-            params = zstandard.ZstdCompressionParameters.from_level(
-                ZSTD_LEVELS[self._level], source_size=self._size_hint or 0, **self._zstd_threads
-            )
-            self._out = zstandard.ZstdCompressor(compression_params=params).stream_writer(
-                self._raw, closefd=False
-            )
+            compressor = zstandard.ZstdCompressor(compression_params=self._zstd_params)
+            self._out = compressor.stream_writer(self._raw, closefd=False)
         return self
 
     def write(self, chunk: bytes) -> None:
