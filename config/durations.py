@@ -44,9 +44,8 @@ def parse_duration(text: str) -> timedelta:
         and any(iso.groups())
         and not value.upper().endswith("T")
     ):
-        amounts = (float(part) if part else 0.0 for part in iso.groups())
-        total = sum(amount * unit for amount, unit in zip(amounts, _ISO_UNIT_SECONDS, strict=True))
-        return _bounded(total, shown)
+        parts = zip(iso.groups(), _ISO_UNIT_SECONDS, strict=True)
+        return _bounded(sum(float(part or 0) * unit for part, unit in parts), shown)
     if _SHORT_PATTERN.fullmatch(value):
         total = sum(
             float(number) * _SHORT_UNIT_SECONDS[unit.lower()]
