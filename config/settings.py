@@ -83,11 +83,12 @@ def _step_name_problems(steps: list[str]) -> list[str]:
             else ""
         )
         problems.append(f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}")
-    for step in [step for step in counts if step in REMOVED_STEPS]:
-        problems.append(
-            f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} "
-            "instead (it produces CSV through the flattening service)"
-        )
+    problems += [
+        f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} "
+        "instead (it produces CSV through the flattening service)"
+        for step in counts
+        if step in REMOVED_STEPS
+    ]
     once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
     duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
     return problems + [f"step {step} is listed more than once; list it once" for step in duplicates]
