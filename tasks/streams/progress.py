@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 from uuid import UUID
 
@@ -33,19 +33,23 @@ class Tracker:
         """The file's size, learned after it started (a download's Content-Length)."""
 
 
+@dataclass
 class _LogTracker(Tracker):
-    def __init__(self, label: str, total: int | None, unit: str):
-        self._label, self._total, self._unit, self._done = label, total, unit, 0
-        self._started = self._last = time.monotonic()
+    label: str
+    total: int | None
+    unit: str
+    counted: int = 0
+    started: float = field(default_factory=time.monotonic)
+    last: float = field(default_factory=time.monotonic)  # the last log line's time
 
     def advance(self, amount: int) -> None:
-        self._done += amount
-        if (now := time.monotonic()) - self._last >= LOG_EVERY_SECONDS:
-            self._last = now
+        self.counted += amount
+        if (now := time.monotonic()) - self.last >= LOG_EVERY_SECONDS:
+            self.last = now
             logger.info("%s", self.describe())
 
     def set_total(self, total: int) -> None:
-        self._total = total
+        self.total = total
 
     def describe(self, done: bool = False) -> str:
         """Describe the progress in one line.
@@ -53,16 +57,16 @@ class _LogTracker(Tracker):
         Note: ``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2
         s at 1.5 MB/s``.
         """
-        elapsed = max(time.monotonic() - self._started, 1e-9)
-        rate = self._done / elapsed
-        amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.counted / elapsed
+        amount, speed = _human(self.counted, self.unit), f"{_human(rate, self.unit)}/s"
         if done:
-            return f"{self._label}: done, {amount} in {elapsed:.0f} s at {speed}"
-        if not self._total:
-            return f"{self._label}: {amount} at {speed}"
-        left = (self._total - self._done) / rate if rate else float("inf")
-        share = f"{100 * self._done / self._total:.0f} %, ETA {left:.0f} s"
-        return f"{self._label}: {amount} of {_human(self._total, self._unit)} at {speed} ({share})"
+            return f"{self.label}: done, {amount} in {elapsed:.0f} s at {speed}"
+        if not self.total:
+            return f"{self.label}: {amount} at {speed}"
+        left = (self.total - self.counted) / rate if rate else float("inf")
+        share = f"{100 * self.counted / self.total:.0f} %, ETA {left:.0f} s"
+        return f"{self.label}: {amount} of {_human(self.total, self.unit)} at {speed} ({share})"
 
 
 def _human(amount: float, unit: str) -> str:
