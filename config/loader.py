@@ -277,7 +277,8 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
         f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with "
         f"the job; set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration "
         f"file or the environment variable {env_var_name(key)}"
-        for key in sorted(key for key in overrides if key in secret_key_paths())
+        for key in sorted(overrides)
+        if key in secret_key_paths()
     ]
     problems += [
         problem
