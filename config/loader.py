@@ -33,11 +33,14 @@ from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.json_shapes import JsonObject
-from tasks.core.redaction import register_basic_credentials, register_secret
+from tasks.core.redaction import (
+    hide_secret_parameters,
+    register_basic_credentials,
+    register_secret,
+)
 from tasks.core.url_credentials import (
     CredentialsInUrlError,
     has_user_info,
-    hide_query_tokens,
     query_tokens,
     refuse_credentials_in_url,
 )
@@ -214,11 +217,16 @@ def _settings_of_identity(
     return load_settings(config_path, overrides=dict(overrides), override_labels=labels).settings
 
 
+HIDDEN = (
+    "********"  # a set secret, or a secret parameter's value in a URL, as config check shows it
+)
+
+
 def _display(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, SecretStr):
-        return "********"
+        return HIDDEN
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, timedelta):
@@ -227,7 +235,7 @@ def _display(value: object) -> str:
         return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
     if isinstance(value, list):
         return f"[{', '.join(_display(item) for item in value)}]"
-    return hide_query_tokens(str(value))  # a service URL may carry ?access_token=${TOKEN}
+    return hide_secret_parameters(str(value), HIDDEN)  # a service URL may carry ?access_token=…
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:

@@ -16,11 +16,11 @@ import uuid
 import pytest
 
 from config.errors import ConfigError
-from config.loader import load_settings, refuse_secret_overrides
+from config.loader import HIDDEN, load_settings, refuse_secret_overrides
 from flows.jobs import prepare_job
 from flows.run import EXIT_OK, EXIT_USAGE, main
-from tasks.core.redaction import is_secret_query_name, redact
-from tasks.core.url_credentials import CredentialsInUrlError, hide_query_tokens
+from tasks.core.redaction import hide_secret_parameters, is_secret_query_name, redact
+from tasks.core.url_credentials import CredentialsInUrlError
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.record import JobRecord, changing_record
 from tests.support.jobs import put_flow_run
@@ -63,7 +63,7 @@ def test_a_secret_named_parameter_is_refused_in_a_stored_url_and_hidden_where_sh
         assert not secret
     said = redact(f"GET '{url}' failed")
     assert said == f"GET '{url.replace(TABLE_VALUE, '***' if secret else TABLE_VALUE)}' failed"
-    assert hide_query_tokens(url) == url.replace(TABLE_VALUE, "********" if secret else TABLE_VALUE)
+    assert hide_secret_parameters(url, HIDDEN) == url.replace(TABLE_VALUE, "********" if secret else TABLE_VALUE)
 
 
 def test_a_secret_in_a_fragment_or_a_path_parameter_counts_as_one_in_the_query():

@@ -10,7 +10,7 @@ from urllib.parse import SplitResult, parse_qsl, quote, unquote_plus, urlsplit
 
 from tasks.core.errors import DupflowError
 from tasks.core.names import show_text
-from tasks.core.redaction import URL_PARAMETER, hide_secret_parameters, is_secret_query_name
+from tasks.core.redaction import URL_PARAMETER, is_secret_query_name
 
 SERVER_URL_FIX = (
     "the server sent it; fix the server's configuration (its public base URL) so that its URLs "
@@ -104,9 +104,6 @@ def split_url(url: str) -> SplitResult:
         return SplitResult(scheme, netloc, path, query, fragment)
 
 
-HIDDEN_TOKEN = "********"
-
-
 def query_tokens(url: str) -> list[str]:
     """The values of the secret parameters in ``url``'s query, as written and decoded.
 
@@ -115,11 +112,6 @@ def query_tokens(url: str) -> list[str]:
     query = split_url(url).query
     written_and_decoded = URL_PARAMETER.findall("?" + query) + parse_qsl(query)
     return [value for name, value in written_and_decoded if value and is_secret_query_name(name)]
-
-
-def hide_query_tokens(url: str) -> str:
-    """``url`` with ``HIDDEN_TOKEN`` for each secret parameter's value (config check)."""
-    return hide_secret_parameters(url, HIDDEN_TOKEN)
 
 
 def refuse_credentials_in_url(
