@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -52,7 +52,7 @@ logger = logging.getLogger(CONFIG_LOGGER)
 class LoadedConfig:
     settings: Settings
     sources: dict[str, str]
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str]
 
 
 def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonObject | None, str]:
