@@ -33,9 +33,9 @@ class Piece:
     """What one task works on: file ``name`` whole, or span ``index`` of ``count``."""
 
     name: str
-    span: Span = WHOLE_FILE
-    index: int = 1
-    count: int = 1
+    span: Span
+    index: int
+    count: int
 
     @property
     def label(self) -> str:
