@@ -91,7 +91,7 @@ def track(
         if (aggregate := _step_progress.get()) is None:
             yield shown
             return
-        work = aggregate.file_started(FileWork(shown, aggregate, unit, total, files=files))
+        work = aggregate.file_started(FileWork(shown, aggregate, unit, total, files))
         try:
             yield work
         finally:
@@ -139,8 +139,8 @@ class FileWork(Tracker):
     aggregate: StepProgress
     unit: str
     total: int | None
+    files: int
     done: int = 0
-    files: int = 1
 
     def advance(self, amount: int) -> None:
         self.shown.advance(amount)
