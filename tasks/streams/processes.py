@@ -127,7 +127,7 @@ class WorkerPool:
         future: Future[R] = self.executor.submit(function, *args)
         return future
 
-    def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
+    def shutdown(self, wait: bool, kill_workers: bool = False) -> None:
         """Close the pool; ``kill_workers``: stop running work at once.
 
         Why: once killed it stays so: loky takes each call's word, and the graceful close at the
@@ -203,7 +203,7 @@ class ProcessCalls(Generic[R]):
         else:
             self._futures.append(self._pool.submit(self._function, *args))
 
-    def results(self, stop_if_cancelled: Callable[[], None] = never_cancelled) -> list[R]:
+    def results(self, stop_if_cancelled: Callable[[], None]) -> list[R]:
         if self._pool is None:
             with worker_pool(size=min(len(self._waiting), pool_size())):
                 calls = ProcessCalls(self._function)
