@@ -269,9 +269,10 @@ def resolve_file_paths(tree: JsonObject, config_dir: Path) -> None:
 
 def absolute_path_overrides(settings: Settings) -> dict[str, str]:
     """Every path key that is set, as an absolute path (the file's are so already)."""
-    paths = {key: value_at(settings, key) for key in PATH_KEYS}
     return {
-        key: str(Path(str(value)).expanduser().resolve()) for key, value in paths.items() if value
+        key: str(Path(str(value)).expanduser().resolve())
+        for key in PATH_KEYS
+        if (value := value_at(settings, key))
     }
 
 
