@@ -124,7 +124,7 @@ def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
 
 
 def check_plain_span(
-    path: str, source: str, max_line_bytes: int, start: int, end: int
+    path: Path, source: str, max_line_bytes: int, start: int, end: int
 ) -> LineCounts:
     """Check each line ``path`` holds from ``start`` (a line's start) to ``end``.
 

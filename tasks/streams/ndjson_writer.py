@@ -87,7 +87,8 @@ class AtomicNdjsonWriter:
                 ZSTD_LEVELS[level], source_size=size_hint or 0, **threads
             )
         )
-        self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
+        # absolute: a worker checking it keeps the directory it started in
+        self.part = dest.absolute().with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
         check_later = (
             level is None
@@ -198,8 +199,7 @@ class AtomicNdjsonWriter:
     def _check_span(self, end: int) -> None:
         """Start the check of the bytes from the last span's end to ``end`` in a worker."""
         self._raw.flush()
-        part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
-        self._checks.start(part, self._source, self._max_line_bytes, self._checked_to, end)
+        self._checks.start(self.part, self._source, self._max_line_bytes, self._checked_to, end)
         self._checked_to = end
 
     def _counts(self) -> Callable[[], LineCounts]:
@@ -218,13 +218,7 @@ class AtomicNdjsonWriter:
 
     def _summed(self) -> LineCounts:
         """Add up the spans' counts; a bad line is judged in the whole data."""
-        whole = (
-            os.fspath(self.part.absolute()),
-            self._source,
-            self._max_line_bytes,
-            0,
-            self._written,
-        )
+        whole = (self.part, self._source, self._max_line_bytes, 0, self._written)
         try:
             return LineCounts(
                 *map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True))
