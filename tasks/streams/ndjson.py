@@ -55,7 +55,7 @@ class UnsafeNameError(NdjsonError):
 
 class LineTooLongError(NdjsonError):
     def __init__(self, path: Path | str, line_number: int, limit_bytes: int):
-        self.path, self.line_number, self.limit_bytes = path, line_number, limit_bytes
+        self.path, self.line_number = path, line_number
         super().__init__(
             f"{path}: line {line_number} is longer than {limit_bytes // (1024 * 1024)} MB; raise "
             "pipeline.max_ndjson_line_size_mb if such large resources are expected"
