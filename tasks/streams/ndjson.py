@@ -101,9 +101,8 @@ def starts_zstd(head: bytes) -> bool:
 
     Why: ``pzstd`` starts each file with a skippable frame.
     """
-    return head[:4] == ZSTD_MAGIC or (
-        len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18"
-    )
+    # the rest of a skippable frame's magic first: a match means head[0] is there
+    return head[:4] == ZSTD_MAGIC or (head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50)
 
 
 def is_zstd(path: Path) -> bool:
