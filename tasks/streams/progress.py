@@ -91,11 +91,8 @@ def track(
         if (aggregate := _step_progress.get()) is None:
             yield shown
             return
-        work = aggregate.file_started(FileWork(shown, aggregate, unit, total, files))
-        try:
+        with aggregate.file_work(FileWork(shown, aggregate, unit, total, files)) as work:
             yield work
-        finally:
-            aggregate.file_finished(work)
 
 
 def expect_files(count: int, noun: str = "files") -> None:
@@ -200,25 +197,27 @@ class StepProgress:
         self._done: Counter[str] = Counter()
         self._percent = 0.0
 
-    def file_started(self, work: FileWork) -> FileWork:
+    @contextmanager
+    def file_work(self, work: FileWork) -> Iterator[FileWork]:
+        """Count ``work`` as started for the block, then as finished."""
         with self.lock:
             self._files_started += work.files
             self._in_work.add(work)
             if work.total:
                 self._totals[work.unit] += work.total
         self.publish()
-        return work
+        try:
+            yield work
+        finally:
+            with self.lock:
+                self._files_finished += work.files
+                self._in_work.discard(work)
+            self.publish()
 
     def set_total(self, work: FileWork, total: int) -> None:
         with self.lock:
             self._totals[work.unit] += total - (work.total or 0)
             work.total = total
-
-    def file_finished(self, work: FileWork) -> None:
-        with self.lock:
-            self._files_finished += work.files
-            self._in_work.discard(work)
-        self.publish()
 
     def advance(self, work: FileWork, amount: int) -> None:
         with self.lock:
