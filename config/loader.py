@@ -153,8 +153,7 @@ def load_settings(
         raise ConfigError(problems + validation_problems(error, raw_sources, skip)) from None
     if problems:
         raise ConfigError(problems)
-    register_secrets(settings)
-    warnings += short_secret_warnings(settings)
+    warnings += register_secrets(settings)
     sources = _final_sources(raw_sources)
     if (enrichments_path := settings.services.crtdl_preprocessing.enrichments_path) is not None:
         sources[ENRICHMENTS_KEY] = f"enrichment file {enrichments_path}"
@@ -329,33 +328,24 @@ def _secret_values(settings: Settings) -> dict[str, str]:
     }
 
 
-def short_secret_warnings(settings: Settings) -> list[str]:
-    """One warning per secret under ``MIN_REDACTABLE_SECRET`` characters.
+def register_secrets(settings: Settings) -> list[str]:
+    """Hand every configured secret to the redaction; warn of those too short for it.
 
-    Why: so short a value also stands in ordinary text, so the redaction either misses it (under
-    4 characters) or blanks words that merely contain it.
+    Why: a service that echoes one back in an error never gets it into a message, log or record.
+    Note: a secret under ``MIN_REDACTABLE_SECRET`` characters also stands in ordinary text, so the
+    redaction either misses it (under 4 characters) or blanks words that merely contain it: its
+    warning is logged and returned.
     """
-    short = [
-        path
-        for path, secret in _secret_values(settings).items()
-        if len(secret) < MIN_REDACTABLE_SECRET
-    ]
     message = (
         "is shorter than 8 characters, too short to be redacted safely from logs and errors; use "
         "a longer one"
     )
-    for path in short:
-        logger.warning("%s: %s", path, message)
-    return [f"{path}: {message}" for path in short]
-
-
-def register_secrets(settings: Settings) -> None:
-    """Hand every configured secret to the redaction.
-
-    Why: a service that echoes one back in an error never gets it into a message, log or record.
-    """
-    for secret in _secret_values(settings).values():
+    warnings: list[str] = []
+    for path, secret in _secret_values(settings).items():
         register_secret(secret)
+        if len(secret) < MIN_REDACTABLE_SECRET:
+            logger.warning("%s: %s", path, message)
+            warnings.append(f"{path}: {message}")
     for path in leaf_paths():  # a token in a service URL's query (?access_token=…) is one too
         if isinstance(url := value_at(settings, path), str):
             for token in query_tokens(url):
@@ -367,3 +357,4 @@ def register_secrets(settings: Settings) -> None:
     ):
         if auth.username is not None and auth.password is not None:  # uses_basic, narrowing both
             register_basic_credentials(auth.username, auth.password.get_secret_value())
+    return warnings
