@@ -12,7 +12,7 @@ from prefect.context import TaskRunContext
 from config.runtime import CLI, job_on_command_line
 from tasks.job.contract import DataFile, StepInput, StepResult, persisted_task, settings_of
 from tasks.job.layout import JobPaths, artifact_key, result_name
-from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
+from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, output_name
 from tasks.streams.line_check import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
@@ -146,7 +146,7 @@ def corrected_paths(step: StepInput) -> list[Path]:
         return []
     corrected = []
     for path in sorted(folder.iterdir()):
-        if path.name.startswith(".") or is_partial(path):
+        if path.name.startswith("."):  # a hidden file, or a temporary (``.<name>.part``)
             continue
         if not (path.is_file() and path.name.endswith(suffixes)):
             raise StepError(

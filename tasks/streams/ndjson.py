@@ -77,10 +77,6 @@ class FileStats:
     modified_ns: int | None = None  # the file's time of change when it was counted
 
 
-def is_partial(path: Path) -> bool:
-    return path.name.startswith(PART_PREFIX) and path.name.endswith(PART_SUFFIX)
-
-
 def output_name(name: str, compress: bool) -> str:
     """Name ``a.ndjson.zst`` / ``batch`` / ``a.json`` ``<stem>.ndjson`` (+ ``.zst``).
 
