@@ -113,7 +113,7 @@ def test_writer_counts_resources_and_compresses(tmp_path):
     with AtomicNdjsonWriter(dest, "fastest", MB) as writer:
         writer.write(b'{"resourceType":"A"}\n{"resourceType"')
         writer.write(b':"B"}\n\n')
-        writer.write_line(b'{"resourceType":"C"}')
+        writer.write(b'{"resourceType":"C"}\n')
     assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
     assert is_zstd(dest) and count_resources(dest, MB) == 3
 

@@ -114,7 +114,7 @@ def write_answers(
         for request, answer in ordered_map(requests, ask, workers, window):
             raise_if_cancelled()
             line, lines = written(request, answer)
-            writer.write_line(line)
+            writer.write(line + b"\n")
             shown.advance(lines)
     assert writer.stats is not None
     return writer.stats

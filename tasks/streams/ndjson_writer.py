@@ -138,9 +138,6 @@ class AtomicNdjsonWriter:
             start_writeback(self._raw.fileno())
             self._since_writeback = 0
 
-    def write_line(self, line: bytes) -> None:
-        self.write(line + b"\n")
-
     def copy(self, source: Path) -> Iterator[int]:
         """Append data file ``source``'s content (decompressed); yield the sizes written.
 
