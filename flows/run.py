@@ -314,17 +314,6 @@ def cmd_continue(args: argparse.Namespace) -> int:
         return run_job(paths, args.no_progress, continuing)
 
 
-def job_parameters(job: JobRecord, paths: JobPaths) -> JsonObject:
-    """The job's flow run parameters, from its ``job.json`` alone.
-
-    Note: its jobs_dir is where this command found it.
-    """
-    overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}
-    return dict(
-        job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides
-    )
-
-
 def run_job(paths: JobPaths, no_progress: bool, continuing: JsonObject | None) -> int:
     """Run the job's flow run here; say its outcome in one line.
 
@@ -359,7 +348,13 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: JsonObject | None) -> 
 
     with SyncClientContext.get_or_create():
         ensure_crash_detection()  # before the run's first heartbeat; the flow says why it could not
-        parameters = job_parameters(job, paths) | (continuing or {})
+        # from its job.json alone; its jobs_dir is where this command found it
+        parameters = dict(
+            job_id=job.job_id,
+            config_path=job.config_path,
+            job_input=job.job_input,
+            overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
+        ) | (continuing or {})
         if continuing is None:
             run = job_runs.new_job_run(job.job_id, paths, parameters)
         else:
