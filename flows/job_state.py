@@ -100,18 +100,14 @@ class JobLock:
         self._fd = fd
         return self
 
-    def release(self) -> None:
+    __enter__ = acquire
+
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
-
-    def __enter__(self) -> JobLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def current_states(jobs: list[JobPaths]) -> list[str]:
