@@ -112,10 +112,6 @@ FLAGS: dict[str, dict[str, Any]] = {
 }
 
 
-def flag_label(attr: str) -> str:
-    return "--" + attr.replace("_", "-")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     # before anything imports Prefect (its telemetry is decided there) or starts threads
     apply_process_defaults()
@@ -213,7 +209,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
             overrides[key] = value
-            labels[key] = flag_label(attr)
+            labels[key] = "--" + attr.replace("_", "-")
     return overrides, labels
 
 
@@ -222,8 +218,8 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
 
     Why: it would be ignored without a word.
     """
-    for attr, (key, step) in FLAG_KEYS.items():
-        if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
+    for key, step in FLAG_KEYS.values():
+        if (label := labels.get(key)) and not settings.pipeline.has_step(step):
             raise UsageError(
                 f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is "
                 f"what reads it; add {step} to pipeline.enabled_steps, or leave {label} out"
