@@ -3,6 +3,7 @@
 Note: only a picture of the job: the job's state is its flow run's.
 """
 
+import html
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -211,8 +212,7 @@ def markdown_text(text: str) -> str:
 
     Note: ``:`` too, so no ``javascript:`` link is made.
     """
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
 
 
 def step_links(links: dict[int | None, list[str]], position: int) -> str:
