@@ -72,10 +72,10 @@ def prepare_job(
     settings = cached_settings(config_path, overrides, overrides_source)
     job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
-    if paths.job_file.is_file() and not changing:
-        refuse_other_inputs(read_record(paths.job_dir), config_path, job_input, overrides)
-        return existing_job(paths, {}, overrides_source)
     if paths.job_file.is_file():
+        if not changing:
+            refuse_other_inputs(read_record(paths.job_dir), config_path, job_input, overrides)
+            overrides = {}
         return existing_job(paths, overrides, overrides_source)
     # a job id given to continue: a new job of that id would be another job under its name
     if must_exist:
