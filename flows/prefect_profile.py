@@ -94,12 +94,9 @@ def update_profile(api_url: str) -> str | None:
 
     profiles = load_profiles()
     kept = profiles[PROFILE].settings if PROFILE in profiles.names else {}
-    analytics = (
-        {}
-        if PREFECT_SERVER_ANALYTICS_ENABLED in kept
-        else {PREFECT_SERVER_ANALYTICS_ENABLED: False}
-    )
-    profiles.update_profile(PROFILE, {PREFECT_API_URL: api_url, **analytics})
+    # analytics off unless the profile says otherwise (the merge keeps the rest as it is)
+    settings = {PREFECT_SERVER_ANALYTICS_ENABLED: False, **kept, PREFECT_API_URL: api_url}
+    profiles.update_profile(PROFILE, settings)
     active = get_settings_context().profile.name  # PREFECT_PROFILE, else the file's
     untouched = (
         active == DEFAULT_PROFILE and profiles[DEFAULT_PROFILE].source == DEFAULT_PROFILES_PATH
