@@ -115,7 +115,7 @@ def current_states(jobs: list[JobPaths]) -> list[str]:
 
     Note: ``Unknown`` without one on this server.
     """
-    runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
+    runs = latest_runs(jobs)
     return [run_state(runs.get(paths.job_id)) for paths in jobs]
 
 
@@ -143,12 +143,13 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
     return f"{waits}; to go on: {resume_hint(job_dir)}"
 
 
-def latest_runs(directories: dict[str, str]) -> dict[str, JsonObject]:
-    """The newest flow run per job (job id → its directory's tag).
+def latest_runs(jobs: list[JobPaths]) -> dict[str, JsonObject]:
+    """The newest flow run per job, by job id.
 
     Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
     request failed) are left out.
     """
+    directories = {paths.job_id: directory_tag(paths.job_dir) for paths in jobs}
     job_ids, newest = list(directories), dict[str, JsonObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
@@ -208,7 +209,7 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
 
 def newest_run(paths: JobPaths) -> JsonObject | None:
     """The job directory's newest flow run, found by its name; None if none is known."""
-    return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
+    return latest_runs([paths]).get(paths.job_id)
 
 
 def finished_steps(
