@@ -56,6 +56,7 @@ def no_crtdl_message(job_input: str | None) -> str:
 
 @dataclass(frozen=True)
 class EffectiveCrtdl:
+    source: Path
     name: str
     data: bytes
     warnings: list[str]
@@ -79,9 +80,9 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
     if settings.pipeline.has_step("flattening"):
         refuse_unusable_group_names(source, enriched)
     if enriched is parsed:
-        return EffectiveCrtdl(CRTDL_NAME, data, [])
+        return EffectiveCrtdl(source, CRTDL_NAME, data, [])
     name = ENRICHED_CRTDL_NAME if rules else CRTDL_NAME
-    return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
+    return EffectiveCrtdl(source, name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
 
 
 def read_crtdl(source: Path) -> tuple[JsonObject, bytes]:

@@ -84,8 +84,8 @@ def prepare_job(
             f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the "
             "configuration the job was started with, or leave the job id empty for a new job"
         )
-    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
-    create_job_files(paths, record, crtdl, effective)
+    record, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
+    create_job_files(paths, record, effective)
     return Job(paths, record, settings)
 
 
@@ -266,7 +266,7 @@ def new_job_plan(
     job_input: str | None,
     overrides: dict[str, str],
     settings: Settings,
-) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
+) -> tuple[JobRecord, EffectiveCrtdl | None]:
     """Plan the new job's record and CRTDL, every check made, nothing written yet.
 
     Note: a bad input raises ``JobError``.
@@ -296,7 +296,7 @@ def new_job_plan(
         overrides=frozen,
         enabled_steps=steps,
     )
-    return record, crtdl, effective
+    return record, effective
 
 
 def refuse_unstorable_names(
@@ -322,9 +322,7 @@ def refuse_unstorable_names(
     )
 
 
-def create_job_files(
-    paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None
-) -> None:
+def create_job_files(paths: JobPaths, record: JobRecord, effective: EffectiveCrtdl | None) -> None:
     """Write the new job's directory, ``job.json`` and CRTDL.
 
     Note: one that cannot be written (a full disk) removes the directory again, so no half-made job
@@ -338,14 +336,14 @@ def create_job_files(
         with changing_record(paths.job_dir, new=record):
             pass
         # recorded as ``crtdl_path`` for every step that needs it
-        if crtdl is not None and effective is not None:
+        if effective is not None:
             target = paths.job_dir / effective.name
             write_file_atomically(target, effective.data)
             warnings = effective.warnings or None
             record_facts(
                 paths.job_dir,
                 crtdl_path=str(target),
-                crtdl_source=str(crtdl),
+                crtdl_source=str(effective.source),
                 crtdl_warnings=warnings,
             )
     except OSError:
