@@ -156,11 +156,18 @@ def job_of_the_run(
 
 
 def ended_by_a_stop(job: Job, card: JobRecordCard, stopped: State[Any]) -> State[Any]:
-    """The run's end after a Cancel, an interrupt or a Suspend (Prefect's ``Pause``)."""
-    if stopped.is_paused():
-        stopped = said_on_server(stopped, job.paths.job_dir)
+    """The run's end after a Cancel, an interrupt or a Suspend (Prefect's ``Pause``).
+
+    Note: a Suspend from the UI is set again on the server, saying until when and how to go on.
+    """
+    if paused := stopped.is_paused():
+        until = stopped.state_details.pause_timeout
+        message = suspended_message(None, until, job.paths.job_dir)
+        stopped = Suspended(pause_expiration_time=until, message=message)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(runtime.flow_run.id, stopped, force=True)
     card.set_state(stopped.name or "", stopped.message or "")
-    if stopped.is_paused():
+    if paused:
         raise Pause(state=stopped)
     return stopped
 
@@ -196,17 +203,6 @@ def newest_job_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None
     newest = FlowRunSort.EXPECTED_START_TIME_DESC
     found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
     return found[0] if found else None
-
-
-def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
-    """The run's Suspended state from the UI again, saying until when and how to go on."""
-    until = suspended.state_details.pause_timeout
-    told: State[Any] = Suspended(
-        pause_expiration_time=until, message=suspended_message(None, until, job_dir)
-    )
-    with get_client(sync_client=True) as client:
-        client.set_flow_run_state(runtime.flow_run.id, told, force=True)
-    return told
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
