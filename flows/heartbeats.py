@@ -57,12 +57,10 @@ def ensure_crash_detection() -> str | None:
     try:
         with get_client(sync_client=True) as client:
             api_url = str(client.api_url)  # asked once: by the command line, then by its flow
-            if api_url in _ensured_on or client.read_automations_by_name(AUTOMATION_NAME):
-                _ensured_on.add(api_url)
-                return None
-            client.create_automation(AutomationCore.model_validate(CRASH_DETECTION))
-            for extra in client.read_automations_by_name(AUTOMATION_NAME)[:-1]:  # newest first
-                client.delete_automation(extra.id)
+            if api_url not in _ensured_on and not client.read_automations_by_name(AUTOMATION_NAME):
+                client.create_automation(AutomationCore.model_validate(CRASH_DETECTION))
+                for extra in client.read_automations_by_name(AUTOMATION_NAME)[:-1]:  # newest first
+                    client.delete_automation(extra.id)
     except (OSError, httpx.HTTPError) as exc:
         return str(exc)
     _ensured_on.add(api_url)
