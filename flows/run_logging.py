@@ -134,13 +134,10 @@ class _OneFailureLine(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         first, self._shown = not self._shown, True
-        return first and not (_interrupted.is_set() or _tells_a_cancelled_fan_out(record))
-
-
-def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
-    """Whether a task failed by the fan-out's ``Cancelled`` (exception or its repr)."""
-    exc = record.exc_info[1] if record.exc_info else None
-    return isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in record.getMessage()
+        # a task failed by the fan-out's ``Cancelled`` (its exception, or its repr in the message)
+        exc = record.exc_info[1] if record.exc_info else None
+        cancelled = isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in message
+        return first and not (_interrupted.is_set() or cancelled)
 
 
 class _NoTraceback(PlainFormatter):
