@@ -99,9 +99,9 @@ class Candidate:
     state: str
     changed_at: str
     size: int
-    flow_run_ids: list[str] = field(default_factory=list)
-    artifact_ids: list[str] = field(default_factory=list)
-    left_running: str | None = None  # what the job may have left running on the extraction server
+    flow_run_ids: list[str]
+    artifact_ids: list[str]
+    left_running: str | None  # what the job may have left running on the extraction server
 
 
 @dataclass
