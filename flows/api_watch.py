@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from config.runtime import job_on_command_line, CLI
 from flows.prefect_api import REFUSED, Answer, api_answer
@@ -31,8 +31,7 @@ SERVER_RUNS = "when the server runs again"
 NOT_OURS = "not the Prefect server the job ran on"
 
 
-@dataclass(frozen=True)
-class Loss:
+class Loss(NamedTuple):
     """What a probe found missing: how long it may last, why it stops, when to resume."""
 
     after: float

@@ -4,8 +4,8 @@ Import-light as ``flows.jobs``, which plans a new job with it.
 """
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from config.settings import Settings
 from tasks.core.errors import JobError
@@ -54,8 +54,7 @@ def no_crtdl_message(job_input: str | None) -> str:
     )
 
 
-@dataclass(frozen=True)
-class EffectiveCrtdl:
+class EffectiveCrtdl(NamedTuple):
     source: Path
     name: str
     data: bytes
