@@ -82,15 +82,15 @@ def state_name(text: str) -> str:
     Why: a running job is never removed.
     """
     known = {state.lower(): state for state in FINAL_STATES + NAMED_ONLY_STATES}
-    if text.lower() == RUNNING.lower():
+    if (name := text.lower()) == RUNNING.lower():
         raise argparse.ArgumentTypeError(
             "a running job is never removed; stop it first (it becomes Crashed)"
         )
-    if text.lower() not in known:
+    if name not in known:
         raise argparse.ArgumentTypeError(
             f"{text!r} is no job state; use one of {', '.join(known.values())}"
         )
-    return known[text.lower()]
+    return known[name]
 
 
 @dataclass

@@ -32,12 +32,9 @@ def require_answer(api_url: str) -> None:
                 f"({CLI} server start)"
             )
         return
-    path = urlsplit(api_url).path.rstrip("/")
-    api = (
-        None
-        if path.endswith("/api")
-        else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
-    )
+    parts = urlsplit(api_url)
+    path = parts.path.rstrip("/")
+    api = None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
     if answer[0] and api and api_answer(api, "/health", TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not "

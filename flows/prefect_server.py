@@ -368,7 +368,7 @@ def home_port(home: Path) -> int:
     """
     if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
-            if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
+            if 0 < (kept := int((home / PORT_FILE).read_text())) < 65536:
                 return kept
         spread = int(hashlib.sha256(str(home).encode()).hexdigest(), 16) % PORT_SPREAD
         return next_free_port(DEFAULT_PORT + spread)
