@@ -176,10 +176,11 @@ def run_state(run: JsonObject | None) -> str:
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
     """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
-    for candidate in (Path(job), jobs_dir / job):
+    candidates = (Path(job), jobs_dir / job)
+    for candidate in candidates:
         if JobPaths(candidate).job_file.is_file():
             return candidate.resolve()
-    for candidate in (Path(job), jobs_dir / job):
+    for candidate in candidates:
         if is_job_id(candidate.name) and candidate.is_dir():
             raise JobError(
                 f"{candidate.resolve()} holds no job.json: its start was stopped before the job "

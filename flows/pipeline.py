@@ -112,13 +112,12 @@ def pipeline(
     job = job_of_the_run(job_id, config_path, job_input, overrides)
     if (elsewhere := handed_over(job, note)) is not None:
         return elsewhere
-    flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     if problem := ensure_crash_detection():
         get_run_logger().warning(
             "the Prefect server may not mark this job Crashed if its process is killed: %s", problem
         )
-    with JobLock(job.paths), stop_watch(UUID(flow_run_id)) as stop:
+    with JobLock(job.paths), stop_watch(UUID(runtime.flow_run.id)) as stop:
         settle_submission_in_doubt(job, attach, resubmit)
         card = JobRecordCard(job)
         try:
