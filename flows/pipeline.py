@@ -41,7 +41,7 @@ from tasks.job.contract import (
 )
 from tasks.job.filework import file_runner
 from tasks.job.layout import JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
-from tasks.job.record import FAILED, counts_text, read_facts, record_facts
+from tasks.job.record import COMPLETED, FAILED, counts_text, read_facts, record_facts
 
 
 STEPS: dict[str, StepKind] = {
@@ -211,9 +211,9 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
     """
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
-    state: State[Any] = Completed(message=completed_message(job, results[-1]))
-    card.set_state(state.name or "", state.message or "")
-    return state
+    message = completed_message(job, results[-1])
+    card.set_state(COMPLETED, message)
+    return Completed(message=message)
 
 
 def completed_message(job: Job, last: StepResult) -> str:
