@@ -160,7 +160,11 @@ for _logger_name in ("botocore.endpoint", "botocore.parsers"):
 
 
 class ProxyAuthorization:
-    """botocore ``before-send`` handler setting ``Proxy-Authorization``."""
+    """botocore ``before-send`` handler setting ``Proxy-Authorization``.
+
+    Note: a class, not a ``functools.partial``: botocore's debug log names each handler it
+    calls, and a partial's repr would show the header (``test_client_s3``'s debug-log test).
+    """
 
     def __init__(self, username: str, password: str):
         self._header = "Basic " + basic_credentials(username, password)
