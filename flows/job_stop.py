@@ -14,6 +14,7 @@ from uuid import UUID
 
 from prefect._internal.observers import FlowRunCancellingObserver
 from prefect._flow_run_suspension import FlowRunSuspensionRequest
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.context import FlowRunContext
 from prefect.exceptions import Abort, TerminationSignal
 from prefect.client.schemas.objects import State
@@ -89,22 +90,45 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
     request = context.flow_run_suspension_request if context is not None else None
 
     async def observe() -> None:
-        cancelling = FlowRunCancellingObserver(
-            on_cancelling=lambda _: stop.stop(CANCELLED_ON_SERVER),
-            polling_interval=CANCEL_POLL_SECONDS,
-        )
-        async with cancelling:
-            cancelling.add_in_flight_flow_run_id(flow_run_id)
-            while not stop.done.is_set() and stop.reason is None:
-                if (suspended := suspension_from_the_ui(request)) is not None:
-                    stop.stop("suspended on the Prefect server", suspended)
-                await asyncio.sleep(SUSPEND_CHECK_SECONDS)
+        checks: set[asyncio.Task[None]] = set()  # held until done (the loop keeps weak references)
+        async with get_client() as client:
+
+            def on_cancelling(flow_run_id: UUID) -> None:  # the watched run's id
+                cancelling.remove_in_flight_flow_run_id(flow_run_id)  # armed again for the next
+                cancelling.add_in_flight_flow_run_id(flow_run_id)
+                check = asyncio.ensure_future(stop_if_cancelling(client, flow_run_id, stop))
+                checks.add(check)
+                check.add_done_callback(checks.discard)
+
+            cancelling = FlowRunCancellingObserver(
+                on_cancelling=on_cancelling, polling_interval=CANCEL_POLL_SECONDS
+            )
+            async with cancelling:
+                cancelling.add_in_flight_flow_run_id(flow_run_id)
+                while not stop.done.is_set() and stop.reason is None:
+                    if (suspended := suspension_from_the_ui(request)) is not None:
+                        stop.stop("suspended on the Prefect server", suspended)
+                    await asyncio.sleep(SUSPEND_CHECK_SECONDS)
 
     try:
         asyncio.run(observe())
     # a server out of reach stops nothing: the run goes on as without a watch
     except Exception:  # noqa: BLE001
         return
+
+
+async def stop_if_cancelling(client: PrefectClient, run_id: UUID, stop: JobStop) -> None:
+    """Stop the job if its run is being cancelled now.
+
+    Why: the events stream replays its last minute to a new subscriber, so a Retry or a
+    ``continue`` right after a Cancel was told that Cancel again and ended at once.
+    """
+    try:
+        state = (await client.read_flow_run(run_id)).state
+    except Exception:  # noqa: BLE001 - unread, the event is taken at its word
+        state = None
+    if state is None or state.is_cancelling() or state.is_cancelled():
+        stop.stop(CANCELLED_ON_SERVER)
 
 
 def suspension_from_the_ui(request: FlowRunSuspensionRequest | None) -> State[Any] | None:

@@ -236,6 +236,30 @@ def test_a_retry_in_the_ui_runs_a_failed_command_line_job_again_with_no_command(
     assert {f"{r['resourceType']}/{r['id']}" for r in generated(3, "p")} == set(fake.state.applied)
 
 
+def test_a_retry_in_the_ui_right_after_a_cancel_runs_the_job_to_its_end(tmp_path, write_config, prefect_api):
+    """The finding: Prefect's events stream replays its last minute to a new subscriber, so the retried run was
+    told the Cancel again and ended Cancelled at once."""
+    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    fake = start_fhir_fake(FhirFakeState(hold_from=3))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 12)
+        process = home_command("start", str(config), str(source), "--no-progress", home=home)
+        run = job_run(tmp_path / "jobs")
+        wait_until(lambda: len(fake.state.requests) >= 3, "the send's third request, held", timeout=120)
+        press(api_url, run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+        stopping(tmp_path / "jobs")
+        fake.state.released.set()
+        code, said = finished(process)
+        assert code == EXIT_INTERRUPTED, said
+
+        press(api_url, run["id"], {"type": "SCHEDULED", "name": "AwaitingRetry"})
+
+        wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
+    finally:
+        fake.stop()
+    assert {f"{r['resourceType']}/{r['id']}" for r in generated(6, "p")} == set(fake.state.applied)
+
+
 def test_the_deployment_form_given_a_suspended_jobs_id_finishes_it_in_its_own_run(tmp_path, write_config, prefect_api):
     """The finding: the form finished the job in a second flow run; the first stayed Suspended, Resume live."""
     api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
