@@ -116,6 +116,25 @@ def home_command(*args: str, home: Path) -> subprocess.Popen[str]:
     )
 
 
+def pressed_mid_send(
+    tmp_path: Path, write_config: Any, prefect_api: dict[str, Any], fake: Any, state: dict[str, Any]
+) -> tuple[dict[str, Any], int, str]:
+    """A job sending 20 resources started on the home's server, ``state`` pressed at its fifth request (held);
+    its run, exit code and output once it ended, no request sent after its work stopped."""
+    config, source = send_job(tmp_path, write_config, fake.base_url, 20)
+    home = Path(prefect_api["database"]).parent
+    process = home_command("start", str(config), str(source), "--no-progress", home=home)
+    run = job_run(tmp_path / "jobs")
+    wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
+    press(prefect_api["api_url"], run["id"], state)
+    stopping(tmp_path / "jobs")
+    sent = len(fake.state.requests)
+    fake.state.released.set()
+    code, said = finished(process)
+    assert len(fake.state.requests) == sent
+    return run, code, said
+
+
 def test_a_resume_in_the_ui_runs_a_suspended_command_line_job_to_its_end_with_no_command(
     tmp_path, write_config, prefect_api
 ):
@@ -164,21 +183,14 @@ def test_deleting_a_running_jobs_run_ends_it_at_its_next_batch_in_one_line(tmp_p
 
 def test_a_suspend_stops_a_job_at_once_and_a_resume_in_the_ui_finishes_it(tmp_path, write_config, prefect_api):
     """The finding: after a Suspend the process kept working and ended "awaiting inspection" (no wait step)."""
-    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    api_url = prefect_api["api_url"]
     fake = start_fhir_fake(FhirFakeState(hold_from=5))
     try:
-        config, source = send_job(tmp_path, write_config, fake.base_url, 20)
-        process = home_command("start", str(config), str(source), "--no-progress", home=home)
-        run = job_run(tmp_path / "jobs")
-        wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
         until = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()
-        suspended = {"type": "PAUSED", "name": "Suspended"}
-        press(api_url, run["id"], suspended | {"state_details": {"pause_timeout": until, "pause_reschedule": True}})
-        stopping(tmp_path / "jobs")
-        sent = len(fake.state.requests)
-        fake.state.released.set()
-        code, said = finished(process)
-        assert code == 0 and len(fake.state.requests) == sent
+        details = {"pause_timeout": until, "pause_reschedule": True}
+        suspended = {"type": "PAUSED", "name": "Suspended", "state_details": details}
+        run, code, said = pressed_mid_send(tmp_path, write_config, prefect_api, fake, suspended)
+        assert code == 0
         job = only_job_dir(tmp_path / "jobs")
         (line,) = [line for line in said.splitlines() if line.startswith("Suspended: ")]
         assert line.startswith("Suspended: suspended on the Prefect server until "), said
@@ -239,17 +251,11 @@ def test_a_retry_in_the_ui_runs_a_failed_command_line_job_again_with_no_command(
 def test_a_retry_in_the_ui_right_after_a_cancel_runs_the_job_to_its_end(tmp_path, write_config, prefect_api):
     """The finding: Prefect's events stream replays its last minute to a new subscriber, so the retried run was
     told the Cancel again and ended Cancelled at once."""
-    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
-    fake = start_fhir_fake(FhirFakeState(hold_from=3))
+    api_url = prefect_api["api_url"]
+    fake = start_fhir_fake(FhirFakeState(hold_from=5))
     try:
-        config, source = send_job(tmp_path, write_config, fake.base_url, 12)
-        process = home_command("start", str(config), str(source), "--no-progress", home=home)
-        run = job_run(tmp_path / "jobs")
-        wait_until(lambda: len(fake.state.requests) >= 3, "the send's third request, held", timeout=120)
-        press(api_url, run["id"], {"type": "CANCELLING", "name": "Cancelling"})
-        stopping(tmp_path / "jobs")
-        fake.state.released.set()
-        code, said = finished(process)
+        cancelling = {"type": "CANCELLING", "name": "Cancelling"}
+        run, code, said = pressed_mid_send(tmp_path, write_config, prefect_api, fake, cancelling)
         assert code == EXIT_INTERRUPTED, said
 
         press(api_url, run["id"], {"type": "SCHEDULED", "name": "AwaitingRetry"})
@@ -257,7 +263,7 @@ def test_a_retry_in_the_ui_right_after_a_cancel_runs_the_job_to_its_end(tmp_path
         wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
     finally:
         fake.stop()
-    assert {f"{r['resourceType']}/{r['id']}" for r in generated(6, "p")} == set(fake.state.applied)
+    assert {f"{r['resourceType']}/{r['id']}" for r in generated(10, "p")} == set(fake.state.applied)
 
 
 def test_the_deployment_form_given_a_suspended_jobs_id_finishes_it_in_its_own_run(tmp_path, write_config, prefect_api):
