@@ -105,6 +105,9 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
             )
             async with cancelling:
                 cancelling.add_in_flight_flow_run_id(flow_run_id)
+                # a Cancel before the stream was up: its event may be in neither the live stream
+                # nor (not yet stored) the replay, so the run's state is read once
+                await stop_if_cancelling(client, flow_run_id, stop, told=False)
                 while not stop.done.is_set() and stop.reason is None:
                     if (suspended := suspension_from_the_ui(request)) is not None:
                         stop.stop("suspended on the Prefect server", suspended)
@@ -117,17 +120,20 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
         return
 
 
-async def stop_if_cancelling(client: PrefectClient, run_id: UUID, stop: JobStop) -> None:
+async def stop_if_cancelling(
+    client: PrefectClient, run_id: UUID, stop: JobStop, told: bool = True
+) -> None:
     """Stop the job if its run is being cancelled now.
 
     Why: the events stream replays its last minute to a new subscriber, so a Retry or a
     ``continue`` right after a Cancel was told that Cancel again and ended at once.
+    Note: ``told``: an event told a Cancel; the run's state unread, the event is taken at its word.
     """
     try:
         state = (await client.read_flow_run(run_id)).state
-    except Exception:  # noqa: BLE001 - unread, the event is taken at its word
+    except Exception:  # noqa: BLE001 - unread: as ``told`` says
         state = None
-    if state is None or state.is_cancelling() or state.is_cancelled():
+    if told if state is None else state.is_cancelling() or state.is_cancelled():
         stop.stop(CANCELLED_ON_SERVER)
 
 

@@ -9,17 +9,20 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 
 from config.runtime import CLI
 from flows.job_state import newest_run
+from flows.job_stop import CANCELLED_ON_SERVER, stop_watch
 from flows.run import EXIT_INTERRUPTED
 from tasks.job.layout import JobPaths
 from tests.conftest import REPO_ROOT, run_cli_here, wait_until
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
 from tests.support.deployments import api
 from tests.support.jobs import only_job_dir, source_dir, start_cli_process, step_results, wait_for
+from tests.support.prefect_servers import wait_until_stopped
 from tests.support.sending import generated, write_ndjson
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -317,6 +320,19 @@ def test_continue_of_a_killed_job_ends_the_task_runs_its_attempt_left_running(tm
     assert any(t["state"]["name"] == "Crashed" for t in task_runs)
 
 
+def test_a_cancel_pressed_before_the_runs_watch_is_up_stops_its_work(prefect_api):
+    """A Cancel just before the watch's event stream was up was in neither its live events nor (not yet stored)
+    their replay: the job's work went on to the step's end (a CI run lost both files of an import so)."""
+    flow = api(prefect_api["api_url"], "POST", "/flows/", json={"name": "watched"})
+    run = api(prefect_api["api_url"], "POST", "/flow_runs/", json={"flow_id": flow["id"]})
+    press(prefect_api["api_url"], run["id"], {"type": "RUNNING", "name": "Running"})
+    press(prefect_api["api_url"], run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+
+    with stop_watch(UUID(run["id"])) as stop:
+        wait_until(lambda: stop.reason is not None, "the job's work stopping", timeout=30)
+    assert stop.reason == CANCELLED_ON_SERVER
+
+
 def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_config, prefect_api):
     """The UI's Cancel during a two-file import: the files in work on the step's threads went on to their end, as
     the threads' scope did not hear the run's."""
@@ -328,7 +344,11 @@ def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_confi
     imported = only_job_dir(tmp_path / "jobs") / "import"
     wait_for(lambda: len(list(imported.glob(".*.part"))) == 2 or None, process)
 
+    # held while the Cancel is pressed: the files take a few seconds only
+    process.send_signal(signal.SIGSTOP)
+    wait_until_stopped(process.pid)
     press(prefect_api["api_url"], run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+    process.send_signal(signal.SIGCONT)
     code, said = finished(process)
 
     assert code == EXIT_INTERRUPTED, said
