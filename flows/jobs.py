@@ -49,15 +49,14 @@ def prepare_job(
     overrides_source: str,
     jobs_dir: Path | None = None,
     must_exist: bool = False,
-    changing: bool = True,
 ) -> Job:
     """Make a new job, or find the existing one with ``job_id``.
 
-    Note: in ``jobs_dir`` if given, so ``continue`` from anywhere works on the same directory.
+    Note: in ``jobs_dir`` if given, so ``continue`` from anywhere works on the same directory;
+    there ``overrides`` replace the job's (``continue --set``). One found by the configuration
+    (a flow run's parameters) must be given its own inputs (``refuse_other_inputs``).
     Note: ``overrides_source`` names the overrides' origin in the error refusing a secret among
-    them; with ``must_exist``, ``job_id`` names a job to continue, never one to make; with
-    ``changing``, an existing job's overrides are replaced by ``overrides`` (``continue --set``),
-    else they must be its own (a flow run's parameters: ``refuse_other_inputs``).
+    them; with ``must_exist``, ``job_id`` names a job to continue, never one to make.
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
@@ -73,10 +72,8 @@ def prepare_job(
     job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     if paths.job_file.is_file():
-        if not changing:
-            refuse_other_inputs(read_record(paths.job_dir), config_path, job_input, overrides)
-            overrides = {}
-        return existing_job(paths, overrides, overrides_source)
+        refuse_other_inputs(read_record(paths.job_dir), config_path, job_input, overrides)
+        return existing_job(paths, {}, overrides_source)
     # a job id given to continue: a new job of that id would be another job under its name
     if must_exist:
         of = config_path or "the default configuration"

@@ -150,7 +150,6 @@ def job_of_the_run(
         overrides,
         overrides_source=source,
         must_exist=bool(job_id),
-        changing=False,
     )
 
 

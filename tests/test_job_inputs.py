@@ -29,7 +29,7 @@ def test_a_flow_run_whose_parameters_give_other_inputs_than_its_job_is_refused_n
     edited = {"services.flattening.lookup_path": "/elsewhere.json", "compression.enabled": "false"}
 
     with pytest.raises(JobError) as refused:
-        prepare_job(job.job_id, str(config), str(SAMPLE), edited, overrides_source="the flow", changing=False)
+        prepare_job(job.job_id, str(config), str(SAMPLE), edited, overrides_source="the flow")
 
     assert str(refused.value) == (
         f"job {job.job_id}: its flow run's parameters differ from its job.json in "
@@ -48,7 +48,7 @@ def test_a_flow_run_with_its_jobs_inputs_as_first_given_goes_on(tmp_path, write_
     source_dir(tmp_path, {"a.ndjson": 1})
     job = prepare_job(None, "job.yaml", None, given, overrides_source="--set")
 
-    again = prepare_job(job.job_id, "job.yaml", None, given, overrides_source="the flow", changing=False)
+    again = prepare_job(job.job_id, "job.yaml", None, given, overrides_source="the flow")
 
     assert again.record.overrides["services.local_import.dir"] == str(tmp_path / "in")
 
