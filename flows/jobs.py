@@ -234,17 +234,6 @@ def refuse_extraction_flags_of_a_followed_url(
         )
 
 
-def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
-    """Refuse a path not valid UTF-8 (a Latin-1 folder name): no record could store it."""
-    for what, path in paths.items():
-        try:
-            str(path or "").encode("utf-8")
-        except UnicodeEncodeError:
-            raise JobError(
-                f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made"
-            ) from None
-
-
 def check_new_job(
     config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
 ) -> None:
@@ -310,13 +299,18 @@ def refuse_unstorable_names(
     )
     # stored with the job and as a parameter
     refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)
-    refuse_undecodable(
-        {
-            "the configuration file": config_path,
-            "the job input": job_input,
-            "--dir": settings.services.local_import.dir,
-        }
-    )
+    paths = {
+        "the configuration file": config_path,
+        "the job input": job_input,
+        "--dir": settings.services.local_import.dir,
+    }
+    for what, path in paths.items():  # not valid UTF-8 (a Latin-1 folder name): no record stores it
+        try:
+            str(path or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise JobError(
+                f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made"
+            ) from None
 
 
 def create_job_files(paths: JobPaths, record: JobRecord, effective: EffectiveCrtdl | None) -> None:
