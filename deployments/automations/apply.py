@@ -67,11 +67,9 @@ def replace_automation(client: SyncPrefectClient, core: AutomationCore) -> UUID:
     from prefect.exceptions import PrefectHTTPStatusError
 
     created = client.create_automation(core)
-    by_name = {"automations": {"name": {"any_": [core.name]}}}
-    named = client.request("POST", "/automations/filter", json=by_name)
-    for existing in sorted(named.json(), key=lambda found: (found["created"], found["id"]))[:-1]:
+    for existing in client.read_automations_by_name(core.name)[1:]:  # newest first
         try:
-            client.delete_automation(UUID(existing["id"]))
+            client.delete_automation(existing.id)
         except PrefectHTTPStatusError as exc:
             if exc.response.status_code != 404:
                 raise
