@@ -1,4 +1,4 @@
-"""Jobs: the one preparation of every entry point (``prepare_job``).
+"""Jobs: planned, made and found again for every entry point (``prepare_job``).
 
 Import-light: ``status`` uses it. See docs/development.md#jobs.
 """
@@ -81,9 +81,9 @@ def prepare_job(
             f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the "
             "configuration the job was started with, or leave the job id empty for a new job"
         )
-    record, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
-    create_job_files(paths, record, effective)
-    return Job(paths, record, settings)
+    job, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
+    create_job_files(job, effective)
+    return job
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str) -> Job:
@@ -236,24 +236,24 @@ def refuse_extraction_flags_of_a_followed_url(
 
 def check_new_job(
     config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
-) -> None:
-    """Make every check of a new job, writing nothing.
+) -> tuple[Job, EffectiveCrtdl | None]:
+    """Plan a new job, every check made, writing nothing (``create_job_files`` writes it).
 
     Why: ``start`` refuses a bad input before it starts a Prefect server.
     """
-    settings = cached_settings(config_path, dict(overrides))
+    settings = cached_settings(config_path, overrides)
     paths = JobPaths(Path(settings.jobs_dir).resolve() / str(uuid.uuid4()))
-    new_job_plan(paths, config_path, job_input, dict(overrides), settings)
+    return new_job_plan(paths, config_path, job_input, overrides, settings)
 
 
 def new_job_plan(
     paths: JobPaths,
     config_path: str | None,
     job_input: str | None,
-    overrides: dict[str, str],
+    overrides: Mapping[str, str],
     settings: Settings,
-) -> tuple[JobRecord, EffectiveCrtdl | None]:
-    """Plan the new job's record and CRTDL, every check made, nothing written yet.
+) -> tuple[Job, EffectiveCrtdl | None]:
+    """Plan the new job and its CRTDL, every check made, nothing written yet.
 
     Note: a bad input raises ``JobError``.
     """
@@ -282,7 +282,7 @@ def new_job_plan(
         overrides=frozen,
         enabled_steps=steps,
     )
-    return record, effective
+    return Job(paths, record, settings), effective
 
 
 def refuse_unstorable_names(
@@ -313,18 +313,19 @@ def refuse_unstorable_names(
             ) from None
 
 
-def create_job_files(paths: JobPaths, record: JobRecord, effective: EffectiveCrtdl | None) -> None:
+def create_job_files(job: Job, effective: EffectiveCrtdl | None) -> None:
     """Write the new job's directory, ``job.json`` and CRTDL.
 
     Note: one that cannot be written (a full disk) removes the directory again, so no half-made job
     is left to be continued.
     """
+    paths = job.paths
     try:
         paths.job_dir.mkdir(parents=True)
     except OSError as exc:
         raise write_error(exc, paths.job_dir) from None
     try:
-        with changing_record(paths.job_dir, new=record):
+        with changing_record(paths.job_dir, new=job.record):
             pass
         # recorded as ``crtdl_path`` for every step that needs it
         if effective is not None:

@@ -52,6 +52,7 @@ from flows.job_state import (
 from flows.jobs import (
     checked_attach,
     check_new_job,
+    create_job_files,
     prepare_job,
     refuse_extraction_flags_of_a_followed_url,
     step_file_problems,
@@ -265,9 +266,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         raise
     refuse_flags_no_step_reads(settings, labels)
     # a bad input is refused before a server is started for it
-    check_new_job(config_path, job_input, overrides)
+    job, effective = check_new_job(config_path, job_input, overrides)
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
-    job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
+    create_job_files(job, effective)
     print(f"job {job.job_id}: {job.paths.job_dir}")
     return run_job(job.paths, args.no_progress, None)
 
