@@ -51,21 +51,28 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)"
     )
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
-    job_ref = argparse.ArgumentParser(add_help=False)
-    job_ref.add_argument("job", metavar="ID-or-JOB", help="extraction job id, or a dupflow job id")
-    job_ref.add_argument(
-        "--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)"
+    register_extraction(commands, common)
+    # cohort preview: how many patients a CRTDL selects
+    cohort = commands.add_parser("cohort", help="cohort commands")
+    cohort_sub = cohort.add_subparsers(required=True, metavar="SUBCOMMAND")
+    preview = cohort_sub.add_parser(
+        "preview", parents=[common], help="how many patients a CRTDL selects"
     )
-    register_extraction(commands, common, job_ref)
-    register_cohort(commands, common)
+    preview.add_argument("crtdl", help="CRTDL (or bare CCDL) JSON file")
+    preview.add_argument("--ids", action="store_true", help="also print the patient ids")
+    preview.set_defaults(command=command(cmd_cohort_preview))
 
 
 def register_extraction(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     common: argparse.ArgumentParser,
-    job_ref: argparse.ArgumentParser,
 ) -> None:
     """Add ``extraction``: list, show, the controls, priority, delete."""
+    job_ref = argparse.ArgumentParser(add_help=False)
+    job_ref.add_argument("job", metavar="ID-or-JOB", help="extraction job id, or a dupflow job id")
+    job_ref.add_argument(
+        "--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)"
+    )
     extraction = commands.add_parser(
         "extraction", help="see and steer jobs on the extraction server"
     )
@@ -96,21 +103,6 @@ def register_extraction(
     sub.choices["delete"].add_argument(
         "--yes", action="store_true", help="do not ask for confirmation"
     )
-
-
-def register_cohort(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
-    """Add ``cohort preview``: how many patients a CRTDL selects."""
-    cohort = commands.add_parser("cohort", help="cohort commands")
-    cohort_sub = cohort.add_subparsers(required=True, metavar="SUBCOMMAND")
-    preview = cohort_sub.add_parser(
-        "preview", parents=[common], help="how many patients a CRTDL selects"
-    )
-    preview.add_argument("crtdl", help="CRTDL (or bare CCDL) JSON file")
-    preview.add_argument("--ids", action="store_true", help="also print the patient ids")
-    preview.set_defaults(command=command(cmd_cohort_preview))
 
 
 def command(
