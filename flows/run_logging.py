@@ -10,6 +10,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from logging.handlers import MemoryHandler
 from pathlib import Path
 from types import FrameType
 
@@ -155,21 +156,6 @@ class _NoTraceback(PlainFormatter):
         return text if getattr(record, "show_whole", False) else text.split("\n")[0]
 
 
-class _HandTo(logging.Handler):
-    """Hand each record to ``target``.
-
-    Why: a Dask LocalCluster sets the ``distributed`` logger's StreamHandlers to WARNING while it
-    runs (``silence_logs``), which would silence the job log for every logger.
-    """
-
-    def __init__(self, target: logging.Handler):
-        super().__init__()
-        self._target = target
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self._target.handle(record)
-
-
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
     """Send every record to the job's log file; keep traces and repeats off screen.
@@ -188,7 +174,10 @@ def job_logging(log_file: Path) -> Iterator[None]:
     attached = [
         ("prefect", file_handler),
         ("dupflow", file_handler),
-        ("distributed", _HandTo(file_handler)),
+        # Each record handed on at once: a Dask LocalCluster sets the ``distributed`` logger's
+        # StreamHandlers to WARNING while it runs (``silence_logs``), the file handler among them,
+        # which would silence the job log for every logger.
+        ("distributed", MemoryHandler(1, target=file_handler)),
     ]
     for name, handler in attached:
         logging.getLogger(name).addHandler(handler)
