@@ -99,7 +99,7 @@ class Candidate:
     state: str
     changed_at: str
     size: int
-    flow_run_ids: list[str]
+    flow_runs: list[JsonObject]
     artifact_ids: list[str]
     left_running: str | None  # what the job may have left running on the extraction server
 
@@ -155,14 +155,14 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
         elif state not in states or too_recent:
             selection.not_matching += 1
         else:
-            runs, run_ids, artifacts = server_records(paths)
+            runs, artifacts = server_records(paths)
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
             size = size_on_disk(paths.job_dir)
             left_running = unfollowed_extraction(paths, job)
             selection.chosen.append(
-                Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running)
+                Candidate(paths, state, changed_at, size, runs, artifacts, left_running)
             )
     return selection
 
@@ -254,14 +254,14 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str], list[str]]:
-    """Return the directory's runs on the server, their ids and their artifacts' ids.
+def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str]]:
+    """Return the directory's runs on the server and their artifacts' ids.
 
     Note: a run is the directory's by its tags ``job-<id>`` and ``dir-…``; a run from before
     directories were tagged counts for every directory of its job.
     """
     if prefect_api_url() is None:
-        return [], [], []
+        return [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
@@ -271,13 +271,14 @@ def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str], list[s
         if own in run["tags"]
         or not any(tag.startswith(DIRECTORY_TAG_PREFIX) for tag in run["tags"])
     ]
-    run_ids = [run["id"] for run in runs]
     artifacts = (
-        filter_rows("/artifacts/filter", artifacts={"flow_run_id": {"any_": run_ids}})
+        filter_rows(
+            "/artifacts/filter", artifacts={"flow_run_id": {"any_": [run["id"] for run in runs]}}
+        )
         if runs
         else []
     )
-    return runs, run_ids, [artifact["id"] for artifact in artifacts]
+    return runs, [artifact["id"] for artifact in artifacts]
 
 
 def live_run(runs: list[JsonObject], states: tuple[str, ...]) -> str | None:
@@ -305,7 +306,7 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
     for job in selection.chosen:
         print(
             f"{job.paths.job_id}  {job.state:<18}  {age(job.changed_at):>9}  "
-            f"{size_text(job.size):>10}  {len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
+            f"{size_text(job.size):>10}  {len(job.flow_runs):>9}  {len(job.artifact_ids):>9}"
         )
     for job in selection.chosen:
         if job.left_running:
@@ -393,7 +394,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
         else:
             removed += 1
             print(
-                f"removed {job.paths.job_id} ({len(job.flow_run_ids)} flow run(s), "
+                f"removed {job.paths.job_id} ({len(job.flow_runs)} flow run(s), "
                 f"{len(job.artifact_ids)} artifact(s))"
             )
             if job.left_running:
@@ -413,14 +414,14 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
         with JobLock(job.paths):
             if changed_time(job.paths) != job.changed_at:
                 return "it changed since it was listed; run prune again"
-            runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
-            if why := live_run(runs, (job.state,)):
+            job.flow_runs, job.artifact_ids = server_records(job.paths)  # as they are now
+            if why := live_run(job.flow_runs, (job.state,)):
                 return why
             # artifacts first; a flow run's task runs and logs go with it
             for artifact_id in job.artifact_ids:
                 api_json("DELETE", f"/artifacts/{artifact_id}")
-            for run_id in job.flow_run_ids:
-                api_json("DELETE", f"/flow_runs/{run_id}")
+            for run in job.flow_runs:
+                api_json("DELETE", f"/flow_runs/{run['id']}")
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.paths.job_id}"
             # in one step: a kill in rmtree leaves no job that looks whole
             os.replace(job.paths.job_dir, trash)
