@@ -47,27 +47,19 @@ def prepare_job(
     overrides: Mapping[str, str] | None,
     *,
     overrides_source: str,
-    jobs_dir: Path | None = None,
     must_exist: bool = False,
 ) -> Job:
-    """Make a new job, or find the existing one with ``job_id``.
+    """Make a new job, or find the existing one with ``job_id``: a flow run's.
 
-    Note: in ``jobs_dir`` if given, so ``continue`` from anywhere works on the same directory;
-    there ``overrides`` replace the job's (``continue --set``). One found by the configuration
-    (a flow run's parameters) must be given its own inputs (``refuse_other_inputs``).
-    Note: ``overrides_source`` names the overrides' origin in the error refusing a secret among
-    them; with ``must_exist``, ``job_id`` names a job to continue, never one to make.
+    Note: an existing job must be given its own inputs (``refuse_other_inputs``); ``continue``
+    changes them (``existing_job``). ``overrides_source`` names the overrides' origin in the error
+    refusing a secret among them; with ``must_exist``, ``job_id`` names a job to continue, never
+    one to make.
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
-    # it names the job's directory: ``..`` or a path would leave jobs_dir
-    if job_id and not is_job_id(job_id):
-        raise JobError(
-            f"{show_text(job_id)} is not a job id (a UUID, as start makes it); give the id of an "
-            "existing job, or none to make a new one"
-        )
-    if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
-        return existing_job(JobPaths(jobs_dir / job_id), overrides, overrides_source)
+    if job_id:
+        refuse_no_job_id(job_id)
     settings = cached_settings(config_path, overrides, overrides_source)
     job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
@@ -84,6 +76,18 @@ def prepare_job(
     job, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
     create_job_files(job, effective)
     return job
+
+
+def refuse_no_job_id(job_id: str) -> None:
+    """Refuse a job id that is no UUID.
+
+    Why: it names the job's directory; ``..`` or a path would leave jobs_dir.
+    """
+    if not is_job_id(job_id):
+        raise JobError(
+            f"{show_text(job_id)} is not a job id (a UUID, as start makes it); give the id of an "
+            "existing job, or none to make a new one"
+        )
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str) -> Job:

@@ -53,8 +53,9 @@ from flows.jobs import (
     checked_attach,
     check_new_job,
     create_job_files,
-    prepare_job,
+    existing_job,
     refuse_extraction_flags_of_a_followed_url,
+    refuse_no_job_id,
     step_file_problems,
 )
 from flows.run_logging import job_logging, take_interrupts
@@ -298,14 +299,8 @@ def cmd_continue(args: argparse.Namespace) -> int:
                 f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})"
             )
             return EXIT_OK
-        prepare_job(
-            job.job_id,
-            None,
-            None,
-            overrides,
-            overrides_source="--set",
-            jobs_dir=paths.job_dir.parent,
-        )
+        refuse_no_job_id(job.job_id)  # a damaged job.json's
+        existing_job(paths, overrides, "--set")  # --set checked, then stored
         print(f"job {job.job_id}: continuing in {paths.job_dir}")
         continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
         return run_job(paths, args.no_progress, continuing)

@@ -41,7 +41,7 @@ from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
 from flows.job_card import markdown_list, one_line_text
 from flows.job_state import LOCK_FILE, JobLock, JobLockedError
-from flows.jobs import prepare_job
+from flows.jobs import existing_job, prepare_job
 from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
@@ -653,7 +653,7 @@ def test_a_job_whose_configuration_now_lists_other_steps_is_refused_naming_both_
     )
 
     with pytest.raises(JobError) as refused:
-        prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent)
+        existing_job(JobPaths(job_dir), {}, "--set")
 
     assert "pipeline.enabled_steps [local_import, pseudonymizer], the configuration now says [local_import]" in str(
         refused.value
@@ -677,10 +677,10 @@ def test_a_refused_continue_override_is_never_stored_with_the_job(tmp_path, writ
     before = (job_dir / "job.json").read_bytes()
 
     with pytest.raises(ConfigError, match=refusal):
-        prepare_job(job_id, None, None, override, overrides_source="--set", jobs_dir=job_dir.parent)
+        existing_job(JobPaths(job_dir), override, "--set")
 
     assert (job_dir / "job.json").read_bytes() == before
-    assert prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent).job_id == job_id
+    assert existing_job(JobPaths(job_dir), {}, "--set").job_id == job_id
 
 
 def test_a_path_given_to_continue_is_frozen_absolute_as_at_start(tmp_path, write_config, monkeypatch):
@@ -690,10 +690,10 @@ def test_a_path_given_to_continue_is_frozen_absolute_as_at_start(tmp_path, write
         (tmp_path / site / "anon.yaml").write_text("fhirPathRules: []\n")
     key = "services.pseudonymizer.anonymization_config"
     monkeypatch.chdir(tmp_path / "siteA")
-    prepare_job(job_id, None, None, {key: "anon.yaml"}, overrides_source="--set", jobs_dir=job_dir.parent)
+    existing_job(JobPaths(job_dir), {key: "anon.yaml"}, "--set")
 
     monkeypatch.chdir(tmp_path / "siteB")
-    job = prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent)
+    job = existing_job(JobPaths(job_dir), {}, "--set")
 
     assert job.record.overrides[key] == str(tmp_path / "siteA" / "anon.yaml")
     assert str(job.settings.services.pseudonymizer.anonymization_config) == str(tmp_path / "siteA" / "anon.yaml")
@@ -815,7 +815,5 @@ def test_overrides_for_a_job_another_process_works_on_are_refused_before_they_ar
         held.write("999999")
         held.flush()
         with pytest.raises(JobLockedError, match="is being worked on by another process"):
-            prepare_job(
-                job_id, None, None, {"retry.max_attempts": "1"}, overrides_source="--set", jobs_dir=job_dir.parent
-            )
+            existing_job(JobPaths(job_dir), {"retry.max_attempts": "1"}, "--set")
     assert (job_dir / "job.json").read_bytes() == before
