@@ -127,7 +127,7 @@ class BatchResult(TypedDict):
 def flatten_batch(
     step: StepInput,
     label: str,
-    pieces: list[tuple[Piece, int | None]],
+    pieces: list[tuple[Piece, int]],
     by_provenance: bool,
     plan_digest: str,
     in_worker_process: bool,
@@ -151,8 +151,8 @@ def flatten_batch(
         by_provenance,
         max_line,
     )
-    lines = [piece.span.lines or whole for piece, whole in pieces]
-    total = sum(n for n in lines if n is not None) if None not in lines else None
+    # a span's lines (0: not counted), else its whole file's
+    total = sum(piece.span.lines or whole for piece, whole in pieces)
     parts = flatten_one(
         planned, label, total, in_worker_process=in_worker_process, files=len(pieces)
     )
