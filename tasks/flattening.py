@@ -44,7 +44,7 @@ from tasks.sof.flatten import (
     parquet_file,
     routes_json,
 )
-from tasks.sof.output import CsvWriter, csv_cells, json_bytes
+from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import parse_line
 from tasks.sof.view import compile_view
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
@@ -384,9 +384,7 @@ class GroupCsv:
         self._writer.writerow(columns)
 
     def write(self, rows: Any) -> None:
-        for row in rows:
-            self._writer.writerow(csv_cells(row))
-            self.rows += 1
+        self.rows += self._writer.writerows(rows)
 
     def append(self, part: Path, rows: int) -> None:
         """Add a part's ``rows``, CSV rows without a header, as they are."""
