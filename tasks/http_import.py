@@ -62,9 +62,8 @@ def source_url(job_input: str | None) -> str:
 
 
 def origin(url: str) -> str:
-    return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip(
-        "/"
-    )
+    parsed = httpx.URL(url)
+    return f"{parsed.scheme}://{parsed.netloc.decode()}"  # netloc: host and port, no userinfo
 
 
 shaped_settings = compression_shape  # what the step's files depend on besides its input
