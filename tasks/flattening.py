@@ -51,7 +51,6 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import close_synced, write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, WHOLE_FILE, iter_lines
 from tasks.streams.processes import (
-    ProcessCalls,
     SharedCount,
     never_cancelled,
     pool_size,
@@ -220,20 +219,20 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
     Why: one after the other in one worker process: the long-lived flow process never loads pyarrow;
     two workers would each hold it and a row group.
     """
-    csv_files = list(outcome.files)
     view_of = {view.group.csv_name: view.view for view in views}
-    parquet_paths = [
-        out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files
-    ]
     with worker_pool(size=1), engine_errors_as_step_errors():
-        calls = ProcessCalls(parquet_file)
-        for csv_file, parquet_path in zip(csv_files, parquet_paths, strict=True):
-            calls.start(out_dir / csv_file.name, view_of[csv_file.name], parquet_path)
-        rows = calls.results(raise_if_cancelled)
-    for parquet_path, count in zip(parquet_paths, rows, strict=True):
-        outcome.files.append(
-            DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=count)
-        )
+        for csv_file in list(outcome.files):  # the CSVs, not the Parquet files added below
+            parquet_path = out_dir / (csv_file.name.removesuffix(".csv") + ".parquet")
+            rows = run_in_process(
+                parquet_file,
+                out_dir / csv_file.name,
+                view_of[csv_file.name],
+                parquet_path,
+                stop_if_cancelled=raise_if_cancelled,
+            )
+            outcome.files.append(
+                DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=rows)
+            )
 
 
 def pieces_plan(
