@@ -60,7 +60,7 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
             markdown="\n".join([f"# {title}", "", *[f"- {line.strip()}" for line in lines]]),
             description=f"Job {step.job_id}: what to inspect and how to resume",
         )
-        return unchanged_result(step, awaiting=True)
+        return step.result(step.files, folder=step.input_dir).model_copy(update={"awaiting": True})
     return released_result(step).model_copy(
         update={"summary": {"inspection note": note}} if note else {}
     )
@@ -91,8 +91,8 @@ def released_result(step: StepInput) -> StepResult:
     Note: their names become the next steps' file names, S3 keys and transfer entries.
     """
     corrected = corrected_paths(step)
-    if not corrected:
-        return unchanged_result(step)
+    if not corrected:  # the input as it is
+        return step.result(step.files, folder=step.input_dir)
     seen: dict[str, str] = {}
     for path in corrected:
         if problem := name_from_data_problem(path.name):
@@ -113,17 +113,6 @@ def released_result(step: StepInput) -> StepResult:
         "continuing with %s from %s", counted(len(files), "corrected file"), wait_dir(step)
     )
     return step.result(files, folder=wait_dir(step))
-
-
-def unchanged_result(step: StepInput, awaiting: bool = False) -> StepResult:
-    """Return the gate's input as its result."""
-    return StepResult(
-        step=step.step,
-        position=step.position,
-        folder=step.folder or "",
-        files=step.files,
-        awaiting=awaiting,
-    )
 
 
 def correction_suffixes(step: StepInput) -> tuple[str, ...]:
