@@ -217,11 +217,7 @@ def _pseudonymize_line(
     try:
         return service.pseudonymize(line, resource)
     except (ServiceError, PseudonymizationError) as exc:
-        hint = (
-            f"; {TOO_LARGE_HINT}"
-            if isinstance(exc, ServiceError) and exc.status_code == 413
-            else ""
-        )
+        hint = f"; {TOO_LARGE_HINT}" if exc.status_code == 413 else ""
         message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
         raise StepError(message) from exc
 

@@ -27,7 +27,7 @@ from tasks.clients.validator import (
 )
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo, map_batches
-from tasks.core.errors import StepError
+from tasks.core.errors import DupflowError, StepError
 from tasks.core.json_shapes import JsonObject
 from tasks.job.steps import ndjson_written, publish_report, write_answers
 from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
@@ -197,14 +197,14 @@ def validate_path(
     return found
 
 
-def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
+def chunk_failure(source: Path, chunk: Chunk, exc: DupflowError) -> str:
     """Return a failed chunk's message: its resources, the failure, for a 413 the fix."""
     held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
     message = (
         f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) "
         f"failed: {exc}; this is a failure of the validation service, not a finding in the data"
     )
-    if isinstance(exc, ServiceError) and exc.status_code == 413:
+    if exc.status_code == 413:
         message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
     return message
 
