@@ -134,7 +134,7 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
     with as_record_error():
         document = read_json_file(path, MAX_RECORD_BYTES, label)
     try:
-        record = JobRecord.model_validate(document if isinstance(document, dict) else None)
+        record = JobRecord.model_validate(document)  # anything but an object is refused
     except ValidationError as exc:
         raise RecordError(
             f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it"
