@@ -312,8 +312,8 @@ def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, ans
     """Write the rejected request and the answer; return where (or why not), in words."""
     stem = failed_dir / f"{name}-batch-{number}"
     try:
-        write_file_atomically(stem.with_name(stem.name + ".request.json"), body)
-        write_file_atomically(stem.with_name(stem.name + ".response.txt"), answer.encode())
+        write_file_atomically(Path(f"{stem}.request.json"), body)
+        write_file_atomically(Path(f"{stem}.response.txt"), answer.encode())
     except OSError as exc:
         log.warning("could not keep the rejected batch in %s: %s", failed_dir, exc)
         return f". (The request could not be kept in {failed_dir}: {exc.strerror or exc})"
