@@ -410,7 +410,7 @@ class RemoteGroup(GroupCsv):
 
     def __init__(self, folder: Path, view: GroupView, service: Flattener, budget: int):
         super().__init__(folder, view.group.csv_name, compile_view(view.view).columns)
-        self.service, self.view, self.budget = service, json_bytes(view.view), max(budget, 1)
+        self.service, self.view, self.budget = service, json_bytes(view.view), budget
         self.pending: list[bytes] = []
         self.pending_bytes = 0
 
