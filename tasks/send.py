@@ -59,9 +59,9 @@ def send(step: StepInput) -> StepResult:
             "entries": sum(r["entries"] for r in reports),
         }
     elif mode == "transfer_load":
-        reports = send_files(send_files_binary, step, files)
-        document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
-        summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
+        binaries = [r["binary"] for r in send_files(send_files_binary, step, files)]
+        document = commit_each(send_document_reference, step, binaries)
+        summary = {"document_reference": document, "binaries": binaries}
     else:  # s3_upload: the configuration requires send_as for the send step
         reports = send_files(send_files_s3, step, files)
         summary = {
