@@ -255,17 +255,17 @@ def _stat_problem(path: Path, exc: OSError) -> str:
 
 def target_names(files: list[Path], compress: bool) -> list[str]:
     """Name the files in ``import/``; two sources on one name are an error."""
-    seen: dict[str, tuple[str, Path]] = {}
-    for path in files:
-        name = output_name(path.name, compress)
+    names = [output_name(path.name, compress) for path in files]
+    seen: dict[str, Path] = {}  # the source of each name's key
+    for name, path in zip(names, files, strict=True):
         if (key := name_key(name)) in seen:
-            first, second = show_text(seen[key][1], None), show_text(path, None)
+            first, second = show_text(seen[key], None), show_text(path, None)
             raise LocalImportError(
                 f"{first} and {second} would both be imported as {name} (a file system that "
                 "ignores case takes them for one file); rename one of them"
             )
-        seen[key] = (name, path)
-    return [name for name, _ in seen.values()]
+        seen[key] = path
+    return names
 
 
 def file_identity(path: Path) -> list[Any]:
