@@ -154,16 +154,14 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
         )
     # read before the attempt is recorded: an unreadable file sends nothing
     crtdl = crtdl_path.read_bytes()
-    record_facts(
-        step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()}
-    )
+    in_flight = {"generation": generation, "started_at": now_iso()}
+    record_facts(step.job_path, extraction_submission=in_flight)
     try:
         handle = client.submit(crtdl)
     except ServiceError as exc:
         if started_no_job(exc, client.base_url + SUBMIT_PATH):
             record_facts(step.job_path, extraction_submission=None)
             raise
-        in_flight = read_facts(step.job_path).get("extraction_submission") or {}
         raise StepError(f"{exc}; {submission_in_doubt_message(step, in_flight)}") from exc
     record_handle(step, handle, generation)
     get_run_logger().info(
