@@ -177,9 +177,6 @@ def _set_overrides(
     return [_unknown_flag_key(key, labels[key]) for key in labels if key not in settable_paths()]
 
 
-SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...], str]
-
-
 def cached_settings(
     config_path: str | None, overrides: Mapping[str, str], overrides_source: str = "--set"
 ) -> Settings:
@@ -189,19 +186,19 @@ def cached_settings(
     Prefect Secret block only in a new process. ``overrides_source`` names the overrides' origin
     in an error (a deployment's parameter).
     """
-    return _settings_of_identity(*settings_identity(config_path, overrides), overrides_source)
-
-
-def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
-    """What the settings depend on, secret-free: the key of settings and client caches.
-
-    Note: a digest of the APP_* variables tells that they changed, not what they are.
-    """
+    # what the settings depend on, secret-free: a digest of the APP_* variables tells that they
+    # changed, not what they are
     variables = sorted(
         (name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX)
     )
     environment = hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
-    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), environment
+    return _settings_of_identity(
+        config_path,
+        file_identity(config_path),
+        tuple(sorted(overrides.items())),
+        environment,
+        overrides_source,
+    )
 
 
 @lru_cache(maxsize=16)
