@@ -147,7 +147,13 @@ class AtomicNdjsonWriter:
         if self._checker is None and not is_zstd(source):
             self._raw.flush()
             with open(source, "rb", buffering=0) as data:
-                if (copied := self._first_kernel_copy(data)) is not None:
+                try:
+                    copied = os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
+                # not between these files (another file system since Linux 5.19), or no such call
+                except OSError as exc:
+                    if exc.errno not in NO_KERNEL_COPY:
+                        raise
+                else:
                     while copied:
                         self._written += copied
                         yield copied
@@ -160,19 +166,6 @@ class AtomicNdjsonWriter:
         for chunk in iter_chunks(source, shown=self._source):
             self.write(chunk)
             yield len(chunk)
-
-    def _first_kernel_copy(self, data: BinaryIO) -> int | None:
-        """Return the bytes the first ``os.copy_file_range`` copied, or None if it cannot.
-
-        Note: None when the kernel cannot copy between these files (another file system since Linux
-        5.19, or no such call).
-        """
-        try:
-            return os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
-        except OSError as exc:
-            if exc.errno in NO_KERNEL_COPY:
-                return None
-            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
