@@ -316,15 +316,6 @@ def _token_url_problem(key: str, value: str, source: str) -> str | None:
 MIN_REDACTABLE_SECRET = 8
 
 
-def _secret_values(settings: Settings) -> dict[str, str]:
-    """Each secret key that is set, by its current path, and its value."""
-    return {
-        path: value.get_secret_value()
-        for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))
-        if isinstance(value := value_at(settings, path), SecretStr)
-    }
-
-
 def register_secrets(settings: Settings) -> list[str]:
     """Hand every configured secret to the redaction; warn of those too short for it.
 
@@ -338,7 +329,10 @@ def register_secrets(settings: Settings) -> list[str]:
         "a longer one"
     )
     warnings: list[str] = []
-    for path, secret in _secret_values(settings).items():
+    for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS)):  # each by its current path
+        if not isinstance(value := value_at(settings, path), SecretStr):
+            continue  # not set
+        secret = value.get_secret_value()
         register_secret(secret)
         if len(secret) < MIN_REDACTABLE_SECRET:
             logger.warning("%s: %s", path, message)
