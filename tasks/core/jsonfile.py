@@ -109,20 +109,14 @@ def parse_json_document(data: bytes, label: str) -> JSON:
         raise JsonFileError(f"{label} is not UTF-8 text; save it as UTF-8") from None
     except ValueError as exc:
         raise JsonFileError(f"{label} is not valid JSON ({exc}); fix the file") from None
-    if json_depth_exceeds(document):
-        raise too_deep
-    return document
-
-
-def json_depth_exceeds(document: JSON) -> bool:
-    """Whether objects and arrays nest more than ``MAX_JSON_DEPTH`` levels (no recursion)."""
+    # objects and arrays nested more than MAX_JSON_DEPTH levels, found without recursion
     stack: list[tuple[JSON, int]] = [(document, 1)]
     while stack:
         node, depth = stack.pop()
         if isinstance(node, dict | list):
             if depth > MAX_JSON_DEPTH:
-                return True
+                raise too_deep
             stack.extend(
                 (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
             )
-    return False
+    return document
