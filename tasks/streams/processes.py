@@ -244,8 +244,8 @@ def _import_modules(modules: tuple[str, ...]) -> None:
 def _wait_for_exit(pid: int) -> None:
     try:
         handle = os.pidfd_open(pid)
-    except OSError:  # already gone
-        os._exit(1)
+    except OSError:  # already gone: exit below
+        pass
     except AttributeError:  # no pidfd (not Linux): poll
         with suppress(ProcessLookupError):
             while True:
