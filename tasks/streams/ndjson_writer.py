@@ -202,7 +202,7 @@ class AtomicNdjsonWriter:
             self._checker.finish()
             return self._checker.counts
         self._raw.flush()
-        for _, end in byte_spans(self.part, pool_size(), self._checked_to, self._written):
+        for end in span_ends(self.part, self._checked_to, self._written):
             self._check_span(end)
         return self._summed
 
@@ -229,12 +229,12 @@ class AtomicNdjsonWriter:
             self.part.unlink(missing_ok=True)
 
 
-def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
-    """Cut bytes ``start`` to ``end`` after newlines into at most ``most`` spans.
+def span_ends(path: Path, start: int, end: int) -> list[int]:
+    """Cut bytes ``start`` to ``end`` after newlines into a span per worker at most; the ends.
 
     Note: each at least ``SPAN_MIN_BYTES``, cut at the first newline from an equal share on.
     """
-    count = max(1, min(most, (end - start) // SPAN_MIN_BYTES))
+    count = max(1, min(pool_size(), (end - start) // SPAN_MIN_BYTES))
     cuts = [start]
     with open(path, "rb") as data:
         for share in range(1, count):
@@ -244,6 +244,4 @@ def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, i
             if not piece:
                 break
             cuts.append(data.tell())
-    return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [
-        (start, end)
-    ]
+    return [last for first, last in itertools.pairwise([*cuts, end]) if last > first] or [end]
