@@ -79,7 +79,7 @@ class AtomicNdjsonWriter:
         zstd_thread: bool = False,
     ):
         self.dest, self._max_line_bytes = dest, max_line_bytes
-        threads = ZSTD_THREAD if zstd_thread else {"threads": 0}
+        threads = ZSTD_THREAD if zstd_thread else {}  # zstd's default: no thread of its own
         self._zstd_params = (  # None: a plain file
             None
             if level is None
