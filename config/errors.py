@@ -70,7 +70,8 @@ _FIXED_TEXTS = {
     ),
     "string_too_short": "must not be empty; set a value",
 }
-_RANGE_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
+# the configuration bounds its numbers with ge and le alone (no gt or lt anywhere)
+_RANGE_TYPES = {"greater_than_equal", "less_than_equal"}
 
 
 def _describe(error: ErrorDetails) -> str:
