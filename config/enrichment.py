@@ -123,24 +123,6 @@ def _file_error_text(error: ErrorDetails) -> str:
     return f"{where}: {field + ': ' if field else ''}{message}"
 
 
-def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
-    """(rules, problems) of an enrichment JSON file.
-
-    Note: a relative path written in the configuration file is already absolute against its folder.
-    """
-    try:
-        raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
-        entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
-    except JsonFileError as error:
-        return [], [str(error)]
-    except ValidationError as error:
-        return [], [
-            f"{path}: {_file_error_text(e)}"
-            for e in error.errors(include_url=False, include_input=False)
-        ]
-    return [entry.to_rule() for entry in entries], []
-
-
 class CrtdlPreprocessingSettings(ConfigModel):
     """services.crtdl_preprocessing; ``rules``: those in effect, inline or the file's."""
 
@@ -161,8 +143,18 @@ class CrtdlPreprocessingSettings(ConfigModel):
                 "enrichments and enrichments_path are both set; keep either the inline rules "
                 "(enrichments) or the external file (enrichments_path)"
             )
-        if self.enrichments_path is not None:
-            rules, problems = read_enrichment_file(self.enrichments_path)
+        if (path := self.enrichments_path) is not None:
+            # written relative in the configuration file, it is absolute against its folder now
+            try:
+                raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
+                entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
+            except JsonFileError as error:
+                problems = [str(error)]
+            except ValidationError as error:
+                errors = error.errors(include_url=False, include_input=False)
+                problems = [f"{path}: {_file_error_text(e)}" for e in errors]
+            else:
+                problems = []
+                self._file_rules = [entry.to_rule() for entry in entries]
             raise_problems([("enrichments_path", problem) for problem in problems])
-            self._file_rules = rules
         return self
