@@ -285,32 +285,20 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
         for key in sorted(overrides)
         if key in secret_key_paths()
     ]
-    problems += [
-        problem
-        for key, value in sorted(overrides.items())
-        if (problem := _token_url_problem(key, str(value), source))
-    ]
+    for key, value in sorted(overrides.items()):
+        text = str(value)
+        if has_user_info(text):
+            continue  # left to the URL fields' own rule, which names the auth block as the fix
+        fix = (
+            "give the URL in the configuration file, its token from ${VAR}, or in the environment "
+            f"variable {env_var_name(key)}"
+        )
+        try:
+            refuse_credentials_in_url(text, door=f"{key} (in {source})", fix=fix, tokens=True)
+        except CredentialsInUrlError as exc:
+            problems.append(str(exc))
     if problems:
         raise ConfigError(problems)
-
-
-def _token_url_problem(key: str, value: str, source: str) -> str | None:
-    """The problem of an override that is a URL carrying a token.
-
-    Note: one with a user name or password is left to the URL fields' own rule, which names the
-    auth block as the fix.
-    """
-    if has_user_info(value):
-        return None
-    fix = (
-        "give the URL in the configuration file, its token from ${VAR}, or in the environment "
-        f"variable {env_var_name(key)}"
-    )
-    try:
-        refuse_credentials_in_url(value, door=f"{key} (in {source})", fix=fix, tokens=True)
-    except CredentialsInUrlError as exc:
-        return str(exc)
-    return None
 
 
 MIN_REDACTABLE_SECRET = 8
