@@ -172,13 +172,21 @@ class AtomicNdjsonWriter:
             self.discard()
             return
         try:
-            counts = self._counts()  # the last spans are checked while the file goes to the disk
+            # the checker's last line, or the workers' last spans, cut for every worker now (a line
+            # broken at the end is the last span's; the final newline comes after it): checked
+            # while the file goes to the disk
+            if self._checker is not None:
+                self._checker.finish()
+            else:
+                self._raw.flush()
+                for end in span_ends(self.part, self._checked_to, self._written):
+                    self._check_span(end)
             if not self._ends_with_newline:
                 self._out.write(b"\n")
             if self._out is not self._raw:
                 self._out.close()
             close_synced(self._raw)
-            checked = counts()
+            checked = self._summed() if self._checker is None else self._checker.counts()
             os.replace(self.part, self.dest)
         except BaseException:
             self.discard()
@@ -191,20 +199,6 @@ class AtomicNdjsonWriter:
         self._raw.flush()
         self._checks.start(self.part, self._source, self._max_line_bytes, self._checked_to, end)
         self._checked_to = end
-
-    def _counts(self) -> Callable[[], LineCounts]:
-        """Return the function giving the check's counts.
-
-        Note: the checker's, or the workers' of the spans so far and of the rest, cut for every
-        worker now (a line broken at the end is the last span's; the final newline comes after it).
-        """
-        if self._checker is not None:
-            self._checker.finish()
-            return self._checker.counts
-        self._raw.flush()
-        for end in span_ends(self.part, self._checked_to, self._written):
-            self._check_span(end)
-        return self._summed
 
     def _summed(self) -> LineCounts:
         """Add up the spans' counts; a bad line is judged in the whole data."""
