@@ -241,15 +241,17 @@ class StepProgress:
                 known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
                 if not known_work or (stopped and self._artifact.id is None):
                     return
-                percent, description = self._measure(finished, stopped)
-            self._artifact.write(percent, description)
+                description = self._measure(finished, stopped)
+            # _measure's percent: only the thread that publishes changes it
+            self._artifact.write(self._percent, description)
         finally:
             self._publishing.release()
 
     def _files_known(self) -> int:
         return self.files_expected or self._work.files
 
-    def _measure(self, finished: bool, stopped: bool) -> tuple[float, str]:
+    def _measure(self, finished: bool, stopped: bool) -> str:
+        """Update the percent done; describe the work."""
         unit = "lines" if "lines" in self._done else "B"
         done = self._done[unit]
         known = self._files_known()
@@ -271,7 +273,7 @@ class StepProgress:
         )
         rate = _human(done / max(time.monotonic() - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
-        return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
+        return f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
 
     def _fraction_done(self, unit: str, done: int) -> float | None:
         if total := (self._work.lines if unit == "lines" else self._work.size):
