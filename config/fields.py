@@ -73,9 +73,8 @@ def raise_problems(problems: list[Problem]) -> None:
 def emit_warning(info: ValidationInfo, message: str) -> None:
     """Log a configuration warning and hand it to the loader by the validation context."""
     logger.warning(message)
-    context = info.context
-    if isinstance(context, dict) and isinstance(context.get("warnings"), list):
-        context["warnings"].append(message)
+    if isinstance(info.context, dict):  # only the loader's: {"warnings": the list it returns}
+        info.context["warnings"].append(message)
 
 
 class ConfigModel(BaseModel):
