@@ -321,20 +321,16 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
         return _token_sources.setdefault(key, TokenSource(issuer, client_id, secret, verify))
 
 
-def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
-    """The username and the password's value when ``auth`` uses Basic, else None."""
-    if auth.username is None or auth.password is None:
-        return None
-    return auth.username, auth.password.get_secret_value()
-
-
-def basic_credentials(username: str, password: str) -> str:
-    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth.
+def basic_credentials(auth: AuthSettings) -> str | None:
+    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth; None without.
 
     Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
     quoting a character of it.
     """
-    return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+    if auth.username is None or auth.password is None:
+        return None
+    login = f"{auth.username}:{auth.password.get_secret_value()}"
+    return base64.b64encode(login.encode()).decode("ascii")
 
 
 class ServiceAuth(httpx.Auth):
@@ -358,8 +354,8 @@ class ServiceAuth(httpx.Auth):
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
-            elif (login := basic_login(auth)) is not None:
-                self._headers["Authorization"] = "Basic " + basic_credentials(*login)
+            elif (credentials := basic_credentials(auth)) is not None:
+                self._headers["Authorization"] = "Basic " + credentials
             if auth.api_key is not None:
                 self._headers[auth.api_key_header] = auth.api_key.get_secret_value()
         self.sends_credentials = bool(self._tokens or self._headers)

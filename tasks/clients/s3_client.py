@@ -31,7 +31,7 @@ from botocore.exceptions import (
 from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
-from tasks.clients.auth import basic_credentials, basic_login
+from tasks.clients.auth import basic_credentials
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -89,15 +89,15 @@ def make_s3_client(
                 **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
-    if (login := basic_login(send.auth)) is not None:
+    if (credentials := basic_credentials(send.auth)) is not None:
         refuse_proxy_auth_beyond_the_proxy(send)
-        client.meta.events.register("before-send.s3", ProxyAuthorization(*login))
+        client.meta.events.register("before-send.s3", ProxyAuthorization(credentials))
     log.info(
         "S3 client for bucket %s at %s (%s addressing)%s",
         s3.bucket,
         s3.endpoint or "the default endpoint",
         "path-style" if s3.use_path_style else "automatic",
-        " with proxy authentication" if login else "",
+        " with proxy authentication" if credentials else "",
     )
     return client
 
@@ -166,8 +166,8 @@ class ProxyAuthorization:
     calls, and a partial's repr would show the header (``test_client_s3``'s debug-log test).
     """
 
-    def __init__(self, username: str, password: str):
-        self._header = "Basic " + basic_credentials(username, password)
+    def __init__(self, credentials: str):
+        self._header = "Basic " + credentials
 
     def __call__(self, request: Any, **_: Any) -> None:
         request.headers["Proxy-Authorization"] = self._header
@@ -218,9 +218,7 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
     """Return each s3_upload credential, in each form an error text could hold it."""
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
-    if (login := basic_login(send.auth)) is not None:
-        secrets.append(basic_credentials(*login))
-    return tuple(secret for secret in secrets if secret)
+    return tuple(secret for secret in [*secrets, basic_credentials(send.auth)] if secret)
 
 
 def service_error(
