@@ -99,7 +99,12 @@ class TransactionRejected(ServiceError):
             service=SERVICE_NAME,
             retry_after=None if cause is None else cause.retry_after,
         )
-        self.response_text = response_text(answer)
+        # the server's answer for the failure dump: status line, content type, the body as read
+        content_type = answer.headers.get("Content-Type", "")
+        self.response_text = redact(
+            f"HTTP {answer.status_code} {answer.reason_phrase}\nContent-Type: "
+            f"{content_type}\n\n{answer.text}"
+        )
         self.failed_entry, self.outcome = failed_entry, outcome
 
 
@@ -255,15 +260,3 @@ def checked_transaction_response(answer: httpx.Response, sent: int) -> JsonObjec
 
 def _bad_answer(answer: httpx.Response, reason: str) -> TransactionRejected:
     return TransactionRejected(answer, f"{reason}; the server's answer cannot confirm the batch")
-
-
-def response_text(answer: httpx.Response) -> str:
-    """Return the server's answer for the failure dump, redacted.
-
-    Note: status line, content type, and the body as far as read.
-    """
-    content_type = answer.headers.get("Content-Type", "")
-    return redact(
-        f"HTTP {answer.status_code} {answer.reason_phrase}\nContent-Type: "
-        f"{content_type}\n\n{answer.text}"
-    )
