@@ -455,12 +455,9 @@ class ServiceAuth(httpx.Auth):
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
-        token = (
-            None
-            if self._tokens is None
-            else self._tokens.access_token(rejected=rejected, setting=self._issuer_setting)
-        )
-        if token is not None:
+        token = None
+        if self._tokens is not None:
+            token = self._tokens.access_token(rejected=rejected, setting=self._issuer_setting)
             request.headers["Authorization"] = f"Bearer {token}"
         request.headers.update(self._headers)
         if self._query:
