@@ -381,7 +381,6 @@ class ExtractionTaskClient(ServiceClient):
         suffix: str,
         *,
         operation: str,
-        once: bool = False,
         **kwargs: Any,
     ) -> httpx.Response:
         """Send a request about one job (retried unless ``once``), its answer read bounded.
@@ -395,7 +394,6 @@ class ExtractionTaskClient(ServiceClient):
                 method,
                 path,
                 operation=operation,
-                once=once,
                 max_answer_bytes=MAX_TASK_ANSWER_BYTES,
                 too_large_hint=NOT_THE_SERVER,
                 **kwargs,
