@@ -156,11 +156,8 @@ class Closing:
     def __enter__(self) -> Self:
         return self
 
-    def close(self) -> None:
-        self.http.close()
-
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.http.close()
 
 
 class ServiceClient(Closing):
