@@ -121,12 +121,12 @@ class ExtractionJob:
     version: str | None
     authored_on: str | None
     last_updated: str | None
-    cohort_size: int | None = None
-    batch_size: int | None = None
-    batches_total: int | None = None
-    batches_completed: int | None = None
-    active_batches: tuple[tuple[str, str | None], ...] = ()  # (batch id, stage)
-    consent_audit_files: tuple[str, ...] = ()
+    cohort_size: int | None
+    batch_size: int | None
+    batches_total: int | None
+    batches_completed: int | None
+    active_batches: tuple[tuple[str, str | None], ...]  # (batch id, stage)
+    consent_audit_files: tuple[str, ...]
 
     @classmethod
     def from_task(cls, task: JsonObject) -> ExtractionJob:
