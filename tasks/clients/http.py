@@ -126,10 +126,6 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     verify = ssl_verify(tls, purpose=endpoint.name)
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify, endpoint.setting)
-    hooks: dict[str, list[Callable[..., Any]]] = {
-        "request": [auth.check_request],
-        "response": [functools.partial(refuse_compressed, endpoint.name, UNCOMPRESSED_FIX)],
-    }
     client = httpx.Client(
         # its query goes with each request to its origin (auth)
         base_url=without_query(endpoint.base_url),
@@ -139,7 +135,10 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         timeout=endpoint.timeout,
         limits=httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
-        event_hooks=hooks,
+        event_hooks={
+            "request": [auth.check_request],
+            "response": [functools.partial(refuse_compressed, endpoint.name, UNCOMPRESSED_FIX)],
+        },
     )
     return within_deadlines(client)
 
