@@ -25,7 +25,6 @@ WRITE_PIECE = 64 * 1024
 Body = Callable[[], Iterable[bytes]] | bytes
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body read and decoded here (``answered``)."""
-STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
 
 
 class Deadline:
@@ -293,10 +292,11 @@ def answered(response: httpx.Response, body: bytes) -> httpx.Response:
     headers = [
         (k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS
     ]
-    answer = httpx.Response(
-        response.status_code, headers=headers, content=body, request=response.request
+    # the status line as sent is in the extensions (http_version, reason_phrase)
+    return httpx.Response(
+        response.status_code,
+        headers=headers,
+        content=body,
+        request=response.request,
+        extensions=response.extensions,
     )
-    answer.extensions = {
-        key: response.extensions[key] for key in STATUS_LINE if key in response.extensions
-    }
-    return answer
