@@ -282,8 +282,8 @@ class TokenSource:
         if not response.is_error:
             return response
         response.read()
-        body = json_or_none(response.content)
-        if isinstance(body, dict) and isinstance(error := body.get("error"), str):  # RFC 6749
+        body = as_object(json_or_none(response.content))
+        if isinstance(error := body.get("error"), str):  # RFC 6749
             description = body.get("error_description")
             text = truncate(
                 f"{error}: {description}" if isinstance(description, str) else error, MAX_TEXT_CHARS

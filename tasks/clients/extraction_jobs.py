@@ -247,11 +247,7 @@ class ExtractionTaskClient(ServiceClient):
                 raise SearchRejectedError(exc.message.split("; ")) from exc
             raise
         bundle = document_of(response, "search extraction jobs")
-        tasks = [
-            entry["resource"]
-            for entry in as_objects(bundle.get("entry"))
-            if isinstance(entry.get("resource"), dict)
-        ]
+        tasks = as_objects([entry.get("resource") for entry in as_objects(bundle.get("entry"))])
         return [ExtractionJob.from_task(task) for task in tasks]
 
     def read_task(self, job_id: str) -> JsonObject:

@@ -269,8 +269,8 @@ class Validator:
         """
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         response = self._send(operation=operation, body=chunk.body)
-        answer = json_or_none(response.content)
-        if isinstance(answer, dict) and answer.get("resourceType") == "OperationOutcome":
+        answer = as_object(json_or_none(response.content))
+        if answer.get("resourceType") == "OperationOutcome":
             # every text redacted for reports, logs and artifacts
             outcome: JsonObject = redact_strings(answer)
             return outcome
