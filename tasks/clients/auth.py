@@ -247,10 +247,7 @@ class TokenSource:
             refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
         except CredentialsInUrlError as exc:
             raise self._refused(str(exc)) from None
-        if (
-            urlsplit(self.issuer).scheme.lower() == "https"
-            and urlsplit(endpoint).scheme.lower() != "https"
-        ):
+        if urlsplit(self.issuer).scheme == "https" and urlsplit(endpoint).scheme != "https":
             raise self._refused(
                 f"{door} is {shown_url(endpoint)}, which is not https: the client secret would be "
                 f"sent in clear text; {OAUTH_FIX} (its token endpoint must be https)"

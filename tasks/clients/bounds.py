@@ -289,9 +289,7 @@ def answered(response: httpx.Response, body: bytes) -> httpx.Response:
 
     Note: without its framing headers; an error made of it says the server's reason phrase.
     """
-    headers = [
-        (k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS
-    ]
+    headers = [(k, v) for k, v in response.headers.multi_items() if k not in BODY_FRAMING_HEADERS]
     # the status line as sent is in the extensions (http_version, reason_phrase)
     return httpx.Response(
         response.status_code,
