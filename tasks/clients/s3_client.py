@@ -132,29 +132,28 @@ def _session() -> boto3.session.Session:
     return boto3.session.Session()
 
 
-class HideCredentialsInBotocoreDebugLogs(logging.Filter):
-    """Blank out the access key id in botocore's DEBUG records.
+BOTOCORE_CREDENTIALS = re.compile(
+    r"('(?:Proxy-)?Authorization': )b?'[^']*'|(<AWSAccessKeyId>)[^<]*(?=</AWSAccessKeyId>)"
+)
+
+
+def hide_credentials_in_botocore_debug_logs(record: logging.LogRecord) -> bool:
+    """Blank out the access key id in botocore's DEBUG records (a logging filter).
 
     Note: the ``Authorization`` header and an error body's ``<AWSAccessKeyId>``.
     ``Proxy-Authorization`` is added after botocore logs the request.
     """
-
-    CREDENTIALS = re.compile(
-        r"('(?:Proxy-)?Authorization': )b?'[^']*'|(<AWSAccessKeyId>)[^<]*(?=</AWSAccessKeyId>)"
+    message = record.getMessage()
+    cleaned = BOTOCORE_CREDENTIALS.sub(
+        lambda match: (match.group(1) or match.group(2)) + "'<hidden>'", message
     )
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = self.CREDENTIALS.sub(
-            lambda match: (match.group(1) or match.group(2)) + "'<hidden>'", message
-        )
-        if cleaned != message:
-            record.msg, record.args = cleaned, ()
-        return True
+    if cleaned != message:
+        record.msg, record.args = cleaned, ()
+    return True
 
 
 for _logger_name in ("botocore.endpoint", "botocore.parsers"):
-    logging.getLogger(_logger_name).addFilter(HideCredentialsInBotocoreDebugLogs())
+    logging.getLogger(_logger_name).addFilter(hide_credentials_in_botocore_debug_logs)
     # a response body quoting a registered secret
     logging.getLogger(_logger_name).addFilter(RedactingFilter())
 
