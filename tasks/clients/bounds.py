@@ -261,16 +261,10 @@ def declared_size(response: httpx.Response) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def read_answer(
-    response: httpx.Response,
-    limit: int,
-    *,
-    deadline: Deadline | None = None,
-    **where: Unpack[TooLarge],
-) -> bytes:
+def read_answer(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> bytes:
     """Read a streamed ``response``'s body, at most ``limit`` bytes of it.
 
-    Note: ``deadline`` is checked after each piece.
+    Note: inside ``answer_within`` each read ends by its deadline (``BoundedBackend``).
     """
     if (size := declared_size(response)) is not None and size > limit:
         raise answer_too_large(size_text(size), limit, **where)
@@ -279,8 +273,6 @@ def read_answer(
         body += piece
         if len(body) > limit:
             raise answer_too_large(f"over {size_text(limit)}", limit, **where)
-        if deadline is not None:
-            deadline.check(where["operation"], where["service"])
     return bytes(body)
 
 

@@ -209,9 +209,7 @@ class FhirServer(Closing):
                 if not read_answer:
                     return answered(response, b"")
                 limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return answered(
-                    response, read_bounded(response, limit, **where, hint=hint, deadline=deadline)
-                )
+                return answered(response, read_bounded(response, limit, **where, hint=hint))
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
 

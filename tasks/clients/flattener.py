@@ -53,14 +53,13 @@ class Flattener:
         Note: read from its CapabilityStatement.
         """
         operation = "read the flattening service's metadata"
-        with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
+        with self._answer("GET", METADATA_PATH, operation) as (response, _):
             content = read_answer(
                 response,
                 MAX_METADATA_BYTES,
                 operation=operation,
                 service=self._service,
                 hint=NOT_A_SERVICE_HINT,
-                deadline=deadline,
             )
         if not lists_view_run(json_or_none(content)):
             raise StepError(

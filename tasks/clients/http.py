@@ -215,7 +215,6 @@ class ServiceClient(Closing):
                 body = read_answer(
                     response,
                     max_answer_bytes,
-                    deadline=bound,
                     **where,
                     hint=too_large_hint,
                     source=response.url,
