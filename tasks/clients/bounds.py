@@ -14,7 +14,7 @@ from typing import Any, NotRequired, TypeVar, Unpack
 import httpcore
 import httpx
 
-from tasks.clients.errors import Call, ServiceError
+from tasks.clients.errors import Call, ServiceError, first_bytes
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
@@ -268,12 +268,9 @@ def read_answer(response: httpx.Response, limit: int, **where: Unpack[TooLarge])
     """
     if (size := declared_size(response)) is not None and size > limit:
         raise answer_too_large(size_text(size), limit, **where)
-    body = bytearray()
-    for piece in response.iter_bytes():
-        body += piece
-        if len(body) > limit:
-            raise answer_too_large(f"over {size_text(limit)}", limit, **where)
-    return bytes(body)
+    if len(body := first_bytes(response, limit)) > limit:
+        raise answer_too_large(f"over {size_text(limit)}", limit, **where)
+    return body
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
