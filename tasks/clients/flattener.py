@@ -113,7 +113,6 @@ def answer_lines(
     line = bytearray()
     try:
         for piece in response.iter_bytes():
-            deadline.check(operation, service)
             start = 0
             while (end := piece.find(b"\n", start)) >= 0:
                 line += piece[start:end]
