@@ -432,12 +432,21 @@ class ServiceAuth(httpx.Auth):
         """Strip credentials bound for another origin; name the URL's key on the service's.
 
         Note: a request event hook; the key is ``SERVICE_SETTING``.
-        Why: a last check on every request sent, including hops httpx follows by itself when a
+        Why: the one check, on every request sent, including hops httpx follows by itself when a
         caller passes ``follow_redirects=True`` (httpx would keep the API key header on those).
         """
         origin = origin_of(request.url)
         if origin not in self._trusted_origins:
-            self._withhold(request)
+            for name in [*CREDENTIAL_HEADERS, *self._headers]:
+                request.headers.pop(name, None)
+            if self.sends_credentials and origin not in self._withheld_origins:
+                self._withheld_origins.add(origin)
+                log.info(
+                    "%s: sending no credentials to %s (not the service origin %s)",
+                    self.service,
+                    origin_text(origin),
+                    origin_text(self.origin),
+                )
         if self._setting is not None and origin == self.origin:
             request.extensions[SERVICE_SETTING] = self._setting
         else:
@@ -445,12 +454,11 @@ class ServiceAuth(httpx.Auth):
             request.extensions.pop(SERVICE_SETTING, None)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
-        """Attach credentials for the service's origin, strip them for any other.
+        """Attach credentials for the service's origin (``check_request`` strips any for another).
 
         Note: returns the bearer token used.
         """
         if origin_of(request.url) not in self._trusted_origins:
-            self._withhold(request)
             return None
         token = None
         if self._tokens is not None:
@@ -460,16 +468,3 @@ class ServiceAuth(httpx.Auth):
         if self._query:
             request.url = request.url.copy_merge_params(self._query)
         return token
-
-    def _withhold(self, request: httpx.Request) -> None:
-        for name in [*CREDENTIAL_HEADERS, *self._headers]:
-            request.headers.pop(name, None)
-        origin = origin_of(request.url)
-        if self.sends_credentials and origin not in self._withheld_origins:
-            self._withheld_origins.add(origin)
-            log.info(
-                "%s: sending no credentials to %s (not the service origin %s)",
-                self.service,
-                origin_text(origin),
-                origin_text(self.origin),
-            )
