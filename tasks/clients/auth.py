@@ -278,7 +278,6 @@ class TokenSource:
         """
         if not response.is_error:
             return response
-        response.read()
         body = as_object(json_or_none(response.content))
         if isinstance(error := body.get("error"), str):  # RFC 6749
             description = body.get("error_description")
