@@ -188,7 +188,6 @@ class FhirServer(Closing):
         where: Call = {"operation": operation, "service": SERVICE_NAME}
         # each attempt's deadline: the request's plus the upload of the body
         seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
-        timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=seconds)))
 
         def attempt() -> httpx.Response:
             deadline = Deadline(seconds, DEADLINE_SETTING)
@@ -199,7 +198,6 @@ class FhirServer(Closing):
                 path,
                 body=body,
                 headers=headers,
-                timeout=timeout,
                 **where,
             ) as response:
                 if response.is_error:
