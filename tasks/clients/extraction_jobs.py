@@ -169,9 +169,11 @@ class CohortPreview:
 
 
 def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
-    outputs = [o for o in as_objects(task.get("output")) if isinstance(o.get("valueUrl"), str)]
     urls = tuple(
-        o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT
+        url
+        for output in as_objects(task.get("output"))
+        if as_object(output.get("type")).get("text") == CONSENT_AUDIT_TEXT
+        and isinstance(url := output.get("valueUrl"), str)
     )
     for url in urls:
         refuse_credentials_in_url(
