@@ -205,11 +205,10 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     """
     if as_object(document).get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
-    items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
     return tuple(
         ref.removeprefix("Patient/")
-        for item in items
-        if isinstance(ref := item.get("reference"), str)
+        for entry in as_objects(document.get("entry"))
+        if isinstance(ref := as_object(entry.get("item")).get("reference"), str)
     )
 
 
