@@ -150,22 +150,22 @@ class Pseudonymizer:
         Note: a large Bundle is split, and put back together from the answers.
         """
         if not needs_split(resource, self.split_threshold_bytes):
-            return Pseudonymized(self._deidentify(resource_json, resource)[0], 1, False)
+            return Pseudonymized(self._deidentify(resource_json, resource), 1, False)
         # the chunks and the Bundle put back keep every number's digits
         exact = loads_exact(resource_json)
         chunks = split_bundle(exact, self.split_threshold_bytes)
         fields, *answers = [
-            loads_exact(self._deidentify(dumps_exact(part), part)[0])
+            loads_exact(self._deidentify(dumps_exact(part), part))
             for part in [without_entries(exact), *chunks]
         ]
         return Pseudonymized(
             dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True
         )
 
-    def _deidentify(self, resource_json: bytes, resource: JsonObject) -> tuple[bytes, JsonObject]:
+    def _deidentify(self, resource_json: bytes, resource: JsonObject) -> bytes:
         operation = f"de-identify {show_text(resource.get('resourceType'))}"
         response = self._send(operation=operation, body=self._body(resource_json))
-        return checked_answer(response.content, resource)
+        return checked_answer(response.content, resource)[0]
 
 
 def checked_answer(content: bytes, sent: JsonObject) -> tuple[bytes, JsonObject]:
