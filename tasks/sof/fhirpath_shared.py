@@ -71,16 +71,17 @@ def resource_keys(found: list[Any]) -> list[str]:
     ]
 
 
+def reference_key(reference: Any) -> str | None:
+    """``Type/id`` of a literal reference (an absolute URL, ``_history``, a last ``/`` dropped)."""
+    if not isinstance(reference, str):
+        return None
+    parts = reference.split("/_history")[0].rstrip("/").split("/")
+    return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
+
+
 def reference_keys(found: list[Any], wanted: str | None) -> list[str]:
-    keys = []
-    for data in found:
-        reference = data.get("reference") if isinstance(data, Mapping) else None
-        if not isinstance(reference, str):
-            continue
-        parts = reference.split("/_history")[0].split("/")
-        if len(parts) >= 2 and (wanted is None or parts[-2] == wanted):
-            keys.append(f"{parts[-2]}/{parts[-1]}")
-    return keys
+    keys = [reference_key(data.get("reference")) for data in found if isinstance(data, Mapping)]
+    return [key for key in keys if key and wanted in (None, key.partition("/")[0])]
 
 
 def joined(found: list[Any], separator: str) -> str:

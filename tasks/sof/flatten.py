@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, islice
 from pathlib import Path
-from typing import IO, Any, Protocol, TypedDict
+from typing import IO, Protocol, TypedDict
 
 import orjson
 
@@ -22,6 +22,7 @@ from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
+from tasks.sof.fhirpath_shared import reference_key
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
@@ -44,14 +45,6 @@ Routes = dict[str, set[str]]
 def resource_key(resource: JsonObject) -> str | None:
     kind, ident = resource.get("resourceType"), resource.get("id")
     return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
-
-
-def reference_key(reference: Any) -> str | None:
-    """``Type/id`` of a literal reference (absolute URLs and ``_history`` dropped)."""
-    if not isinstance(reference, str) or "/" not in reference:
-        return None
-    parts = reference.split("/_history")[0].rstrip("/").split("/")
-    return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
 def add_routes(routes: Routes, provenance: JsonObject) -> None:
