@@ -49,7 +49,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         return None
     import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
 
-    struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
+    struct = _struct(root, names, ("kind", Literal[view.resource]))
     decode: Callable[[memoryview], list[Any]] = msgspec.json.Decoder(struct).decode_lines
     line_rows: Callable[[Any], Any] | None = None
     if keys := flat_keys(view):  # one row a line: the structs' fields, in C
@@ -67,7 +67,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
                 structs = decode(piece)
                 lines += len(structs)
-                if width and (made := _json_csv(structs, width, opening, msgspec)) is not None:
+                if width and (made := _json_csv(structs, width, opening)) is not None:
                     writer.write_lines(made)
                     continue
                 rows: list[Any] = list(map(line_rows, structs))
@@ -89,8 +89,10 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
     return csv
 
 
-def _json_csv(structs: list[Any], width: int, opening: bytes, msgspec: Any) -> bytes | None:
+def _json_csv(structs: list[Any], width: int, opening: bytes) -> bytes | None:
     """Return the CSV lines of a flat view's structs from their JSON, or None."""
+    import msgspec  # as in block_csv, which has imported it by now
+
     try:
         text = orjson.dumps(structs, default=msgspec.structs.astuple)
         return json_lines(text, len(structs), width, opening)
@@ -157,22 +159,23 @@ def _read(element: _Element, key: str, child: _Element | None, names: dict[str, 
     return key != "resourceType" and (found is None) == (child is None)
 
 
-def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msgspec: Any) -> type:
+def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...]) -> type:
     """The msgspec struct of ``element``: ``kind`` (``resourceType``), then its keys.
 
     Note: values default to ``''``; no ``resourceType`` and one of the planned type pass, as
     in ``compiled_code``."""
+    import msgspec  # as in block_csv, which has imported it by now
+
     fields = [kind]
     for key, child in element.keys.items():
         if child is None:
             fields.append((names[key], CELL_VALUE, ""))
         else:
             planned = (None if child.at is None else Literal[child.at]) | msgspec.UnsetType
-            struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET), msgspec)
+            struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET))
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
-    struct_class: type = msgspec.defstruct("Element", fields, rename=rename, gc=False)
-    return struct_class
+    return msgspec.defstruct("Element", fields, rename=rename, gc=False)
 
 
 def flat_keys(view: Any) -> list[str] | None:
