@@ -21,7 +21,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from tasks.core.json_shapes import JsonObject
 from tasks.streams.files import close_synced, write_error
 from tasks.sof.errors import ViewError
-from tasks.sof.view import compile_view
+from tasks.sof.view import all_selects, compile_view
 
 
 BLOCK_BYTES = 1024 * 1024
@@ -68,10 +68,17 @@ def parquet_rows(path: Path) -> int:
 
 
 def parquet_schema(view: JsonObject) -> pa.Schema:
-    """The view's columns in the engine's order, each with its Parquet type."""
+    """The view's columns in the engine's order, each with its Parquet type.
+
+    Note: a column of a unionAll is of its branches' type where they agree, else text."""
     root = compile_view(view).root
-    types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]
-    return pa.schema(list(zip(root.names, types, strict=True)))
+    columns = [column for select in all_selects(root) for column in select.columns]
+    schema = []
+    for name in root.names:
+        kinds = [column.fhir_type for column in columns if column.name == name]
+        agreed = kinds.count(kinds[0]) == len(kinds)
+        schema.append((name, ARROW_TYPES.get(kinds[0], pa.string()) if agreed else pa.string()))
+    return pa.schema(schema)
 
 
 def _converted_in_blocks_of_its_rows(

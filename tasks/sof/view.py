@@ -76,8 +76,6 @@ class Select:
     iterate: list[Compiled] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
-    types: list[Any] = field(default_factory=list)
-    """The columns' ``fhir_type``; a unionAll's where its branches agree, else None."""
     null_row: Row = ()
     indexed: bool = True
 
@@ -316,7 +314,7 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     root = _compile_select({"select": selects}, "view", known_variables)
     # nested at most MAX_SELECT_DEPTH levels by now
     if ROW_INDEX not in json.dumps(view, default=str):
-        for select in _selects(root):
+        for select in all_selects(root):
             select.indexed = False
     if twice := [name for index, name in enumerate(root.names) if name in root.names[:index]]:
         raise ViewDefinitionError(f"column name {twice[0]!r} is used more than once")
@@ -350,15 +348,8 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     select.names = [c.name for c in select.columns] + [
         name for nested in select.selects for name in nested.names
     ]
-    select.types = [c.fhir_type for c in select.columns] + [
-        kind for nested in select.selects for kind in nested.types
-    ]
     if select.union:
         select.names += select.union[0].names
-        types = zip(*(branch.types for branch in select.union), strict=True)
-        select.types += [
-            kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types
-        ]
     own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in select.columns)
     select.null_row = own + (None,) * (len(select.names) - len(own))
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
@@ -407,7 +398,8 @@ def _single_row(select: Select) -> bool:
     return select.iteration is None and not select.selects and not select.union
 
 
-def _selects(root: Select) -> Iterator[Select]:
+def all_selects(root: Select) -> Iterator[Select]:
+    """The select and all nested in it, those of its unionAll too."""
     pending = [root]
     while pending:
         select = pending.pop()
