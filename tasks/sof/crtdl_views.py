@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tasks.core.json_shapes import as_array, as_object, JsonObject
+from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import SofError, ViewError
 from tasks.sof.fhirpath_shared import MODEL
@@ -108,7 +108,7 @@ def short_group_id(group_id: str) -> str:
 def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
     """The CRTDL's attribute groups in order, named as docs/development.md says."""
     groups = []
-    extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
+    extraction = as_object(crtdl).get("dataExtraction")
     if not isinstance(extraction, dict):
         raise SofError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
     for index, group in enumerate(as_array(extraction.get("attributeGroups"))):
@@ -145,13 +145,12 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
 
 def with_group_ids(crtdl: JsonObject) -> JsonObject:
     """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
-    extraction = crtdl.get("dataExtraction")
-    groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
+    groups = as_object(crtdl.get("dataExtraction")).get("attributeGroups")
     if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
         return crtdl
     completed = copy.deepcopy(crtdl)
-    for group in completed["dataExtraction"]["attributeGroups"]:
-        if isinstance(group, dict) and not group.get("id"):
+    for group in as_objects(completed["dataExtraction"]["attributeGroups"]):
+        if not group.get("id"):
             group["id"] = generated_group_id(group)
     return completed
 

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from jsonschema import Draft202012Validator
 
-from tasks.core.json_shapes import JsonObject
+from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
@@ -104,8 +104,7 @@ def _schema_problem(document: Any, error: Any) -> str:
     where = list(error.absolute_path)
     label = "lookup file"
     if where:  # in the array: the schema makes its root one, and what is not fails at the root
-        table = document[where[0]]
-        url = table.get("url") if isinstance(table, dict) else None
+        url = as_object(document[where[0]]).get("url")
         label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
         if len(where) >= 3 and where[1] == "elements":
             label += f" element {where[2]}"

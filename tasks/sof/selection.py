@@ -9,7 +9,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.json_shapes import as_object, JsonObject
+from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.core.names import show_name
 from tasks.sof.search_elements import SEARCH_ELEMENTS, Paths
 
@@ -117,9 +117,9 @@ def _token_test(
             continue  # no code: TORCH searches without one
         name = token["name"]
         found = SEARCH_ELEMENTS["token"].get(name, {}).get(resource_type)
-        listed = token["codes"] if isinstance(token["codes"], list) else []
+        listed = as_array(token["codes"])
         valid = [c for c in listed if all(isinstance(as_object(c).get(k), str) for k in CODING)]
-        if found is None or not valid or len(valid) < len(token["codes"]):
+        if found is None or not valid or len(valid) < len(listed):
             why = "a code without its system or code"
             if found is None:
                 why = _unknown_parameter("token", name, resource_type)
