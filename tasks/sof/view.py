@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property, partial
 from itertools import chain, islice
@@ -69,14 +69,14 @@ class Column:
 
 @dataclass
 class Select:
-    columns: list[Column] = field(default_factory=list)
-    selects: list[Select] = field(default_factory=list)
-    union: list[Select] = field(default_factory=list)
-    iteration: str | None = None
-    iterate: list[Compiled] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    null_row: Row = ()
+    iteration: str | None
+    paths: list[str]
+    iterate: list[Compiled]
+    columns: list[Column]
+    selects: list[Select]
+    union: list[Select]
+    names: list[str]
+    null_row: Row
     indexed: bool = True
 
     def rows(self, focus: Focus, env: Env) -> Iterable[Row]:
@@ -335,47 +335,44 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
             f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)"
         )
     _check_object(spec, SELECT_KEYS, where)
-    select = Select()
-    _compile_iteration(select, spec, where, variables)
-    for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column")):
-        select.columns.append(_compile_column(column, f"{where}.column[{index}]", variables))
-    select.selects = [
+    iteration, paths = _iteration(spec, where)
+    iterate = [_compile(path, f"{where}.{iteration}", variables) for path in paths]
+    columns = [
+        _compile_column(column, f"{where}.column[{index}]", variables)
+        for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column"))
+    ]
+    selects = [
         _compile_select(s, f"{where}.select[{i}]", variables, depth + 1)
         for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
     ]
-    if "unionAll" in spec:
-        select.union = _compile_union(spec["unionAll"], where, variables, depth)
-    select.names = [c.name for c in select.columns] + [
-        name for nested in select.selects for name in nested.names
-    ]
-    if select.union:
-        select.names += select.union[0].names
-    own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in select.columns)
-    select.null_row = own + (None,) * (len(select.names) - len(own))
+    union = _compile_union(spec["unionAll"], where, variables, depth) if "unionAll" in spec else []
+    names = [c.name for c in columns] + [name for nested in selects for name in nested.names]
+    names += union[0].names if union else []
+    own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in columns)
+    null_row = own + (None,) * (len(names) - len(own))
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
     # ahead of any other, joined to the select's own columns: the same rows (names and null row are
     # set by now), fewer products.
-    while select.selects and _single_row(select.selects[0]):
-        select.columns += select.selects.pop(0).columns
-    return select
+    while selects and _single_row(selects[0]):
+        columns += selects.pop(0).columns
+    return Select(iteration, paths, iterate, columns, selects, union, names, null_row)
 
 
-def _compile_iteration(select: Select, spec: JsonObject, where: str, variables: set[str]) -> None:
+def _iteration(spec: JsonObject, where: str) -> tuple[str | None, list[Any]]:
+    """The select's iteration (None: none) and its expressions, as written."""
     iterations = [key for key in ITERATIONS if key in spec]
     if len(iterations) > 1:
         raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
     if not iterations:
-        return
-    select.iteration = iterations[0]
-    expressions = spec[select.iteration]
-    if select.iteration != "repeat":
-        expressions = [expressions]
-    elif not isinstance(expressions, list) or not expressions:
+        return None, []
+    iteration, expressions = iterations[0], spec[iterations[0]]
+    if iteration != "repeat":
+        return iteration, [expressions]
+    if not isinstance(expressions, list) or not expressions:
         raise ViewDefinitionError(
             f"{where}.repeat must be a non-empty list of FHIRPath expressions"
         )
-    select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
-    select.paths = list(expressions)
+    return iteration, expressions
 
 
 def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
