@@ -4,7 +4,7 @@ How each value becomes a cell: spec/protocols.md and docs/development.md, "The S
 """
 
 import csv
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from itertools import chain, islice
 from pathlib import Path
@@ -99,24 +99,26 @@ def _plain_lines(batch: list[Any]) -> bytes | None:
     Note: None where ``json_lines`` refuses its JSON, orjson refuses a cell (a ``Decimal``, an
     int beyond 64 bits, a lone surrogate) or ``_width`` is 0.
     Why no type test per cell: it cost as much as the rest."""
-    if not (width := _width(batch)):
-        return None
-    try:
-        text = orjson.dumps(batch)  # [[...],[...]]: one call
-    except TypeError:
-        return None
-    return json_lines(text, len(batch), width)
+    width = _width(batch)
+    return json_lines(batch, width) if width else None
 
 
-def json_lines(text: bytes, rows: int, width: int, opening: bytes = b"[") -> bytes | None:
-    """Return the CSV lines of a JSON list of ``rows`` arrays of ``width`` cells.
+def json_lines(
+    rows: list[Any], width: int, opening: bytes = b"[", default: Callable[[Any], Any] | None = None
+) -> bytes | None:
+    """Return the CSV lines of ``rows`` of ``width`` cells, made from their JSON (orjson).
 
-    Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
-    CR, LF or control character in a string), a comma but the separators, a bracket but the
-    rows' own, an object. A comma is then always a separator, so an unquoted ``null`` after
-    one, or opening a line, is a null: an empty cell; then the quotes go. ``opening``'s cells
+    Note: None where orjson refuses a value (``default`` gives one of an object it does not
+    know), a cell needs quoting or is no scalar: a JSON escape (a quote, backslash, CR, LF or
+    control character in a string), a comma but the separators, a bracket but the rows' own,
+    an object. A comma is then always a separator, so an unquoted ``null`` after one, or
+    opening a line, is a null: an empty cell; then the quotes go. ``opening``'s cells
     (``["Patient",``) are left out."""
-    commas = rows * (width + opening.count(b",")) - 1
+    try:
+        text = orjson.dumps(rows, default=default)  # [[...],[...]]: one call
+    except TypeError:  # a Decimal, an int beyond 64 bits, a lone surrogate
+        return None
+    commas = len(rows) * (width + opening.count(b",")) - 1
     if b"\\" in text or b"{" in text or text.count(b",") != commas:
         return None
     # rows after the first open with NULs (a string's is escaped), taken out with the quotes

@@ -59,6 +59,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
     # where the structs' fields are the columns after resourceType, their JSON arrays are the lines
     opening = b"[" + orjson.dumps(view.resource) + b","
     width = len(keys) if keys and list(root.keys) == keys else 0
+    astuple = msgspec.structs.astuple  # a struct's JSON: its fields' array
 
     def csv(block: bytes) -> list[bytes] | None:
         buffer, lines = BytesIO(), 0
@@ -67,7 +68,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
                 structs = decode(piece)
                 lines += len(structs)
-                if width and (made := _json_csv(structs, width, opening)) is not None:
+                if width and (made := json_lines(structs, width, opening, astuple)) is not None:
                     writer.write_lines(made)
                     continue
                 rows: list[Any] = list(map(line_rows, structs))
@@ -87,17 +88,6 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         return [buffer.getvalue(), *repeat(b"", lines - 1)]
 
     return csv
-
-
-def _json_csv(structs: list[Any], width: int, opening: bytes) -> bytes | None:
-    """Return the CSV lines of a flat view's structs from their JSON, or None."""
-    import msgspec  # as in block_csv, which has imported it by now
-
-    try:
-        text = orjson.dumps(structs, default=msgspec.structs.astuple)
-        return json_lines(text, len(structs), width, opening)
-    except TypeError:  # an int beyond 64 bits, a lone surrogate
-        return None
 
 
 def _pieces(block: bytes) -> Iterable[memoryview]:
