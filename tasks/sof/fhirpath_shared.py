@@ -7,9 +7,8 @@ read from its files.
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -37,8 +36,7 @@ def r4_model() -> JsonObject:
 MODEL = r4_model()
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(NamedTuple):
     """One element of a collection: its JSON data and FHIR type path (None: computed)."""
 
     data: Any
