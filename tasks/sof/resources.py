@@ -14,7 +14,7 @@ import re2
 from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
-from tasks.streams.ndjson import LineSplitter, iter_chunks, iter_lines
+from tasks.streams.ndjson import LineSplitter, iter_chunks
 from tasks.sof.shapes import Row
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
@@ -123,13 +123,11 @@ def read_rows(
 def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[Row]]:
     """The file's CSV in parts: blocks' CSV lines, or ``read_rows``' rows line by line.
 
-    Note: a view ``CompiledView.block_csv`` does not take is read line by line throughout."""
-    if view.block_csv is None:
-        yield read_rows(view, source, iter_lines(source, max_line_bytes), csv=True)
-        return
+    Note: a view ``CompiledView.block_csv`` does not take is read line by line throughout (as
+    ``iter_lines`` reads a file)."""
     lines = LineSplitter(source, max_line_bytes)
     for chunk in iter_chunks(source):
-        if (taken := lines.take_block(chunk, view.block_csv)) is None:
+        if view.block_csv is None or (taken := lines.take_block(chunk, view.block_csv)) is None:
             yield read_rows(view, source, lines.numbered(chunk), csv=True)
         else:
             yield taken[0]
