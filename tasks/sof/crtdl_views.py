@@ -249,7 +249,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
 def _expanded(table: LookupTable, element_id: str) -> JsonObject:
     snippet = copy.deepcopy(table.snippet(element_id))
     if children := [_expanded(table, child) for child in table.children(element_id)]:
-        snippet["select"] = list(snippet.get("select", [])) + children
+        snippet["select"] = snippet.get("select", []) + children  # a list: LOOKUP_SCHEMA
     return snippet
 
 

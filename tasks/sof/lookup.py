@@ -65,12 +65,12 @@ class LookupTable:
 
 def lookup_problems(path: Path) -> list[str]:
     """Every problem of the lookup file, each naming table url and element id."""
-    return _checked(Path(path))[1]
+    return _checked(path)[1]
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
     """The lookup file's tables by profile url; a ``SofError`` lists every problem."""
-    tables, problems = _checked(Path(path))
+    tables, problems = _checked(path)
     if problems:
         raise SofError(f"lookup file {path}: " + "; ".join(problems))
     return tables

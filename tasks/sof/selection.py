@@ -225,9 +225,9 @@ def _has_profile(resource: JsonObject, wanted: str) -> bool:
         return True
     url, _, version = wanted.partition("|")
     for profile in profiles:
-        if isinstance(profile, str) and profile.partition("|")[0] == url:
-            own = profile.partition("|")[2]
-            if not version or own == version or own.startswith(version + "."):
+        if isinstance(profile, str):
+            base, _, own = profile.partition("|")
+            if base == url and (not version or own == version or own.startswith(version + ".")):
                 return True
     return False
 
