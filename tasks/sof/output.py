@@ -52,17 +52,18 @@ class CsvWriter:
         """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time; the number written.
 
         Note: one resource may give millions. A batch needing no quoting is joined as it is
-        (``_string_lines``) or made from its JSON (``_plain_lines``), else written in one call
-        to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls, ints)."""
+        (``_string_lines``) or made from its JSON (``json_lines``, with no type test per cell: it
+        cost as much as the rest), else written in one call to ``csv`` (as ``cell`` makes its
+        cells where they are more than strings, nulls, ints)."""
         written = 0
         pending = iter(rows)
         # the engine's tuples, or (below) their cells as lists of strings
         batch: list[Sequence[Any]]
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
-            # never b"": each ends with a line feed
-            text = _string_lines(batch) or _plain_lines(batch)
-            if text is not None:
+            # never b"": each line ends with a line feed
+            width = _width(batch)
+            if width and (text := _string_lines(batch, width) or json_lines(batch, width)):
                 self.write_lines(text)
                 continue
             if not _WRITTEN_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
@@ -75,13 +76,11 @@ class CsvWriter:
         return written
 
 
-def _string_lines(batch: list[Any]) -> bytes | None:
+def _string_lines(batch: list[Any], width: int) -> bytes | None:
     """The batch's CSV lines, its cells joined as they are; None where that is wrong.
 
     Note: only where all are strings (``CompiledView.csv_rows``) holding no comma, line
-    feed, quote, CR or NUL, ``_width`` is not 0 and every string is UTF-8."""
-    if not (width := _width(batch)):
-        return None
+    feed, quote, CR or NUL, each row has ``width`` of them and every string is UTF-8."""
     rows = len(batch)
     try:
         text = "\n".join(chain(map(",".join, batch), [""])).encode()  # a line feed after each line
@@ -91,16 +90,6 @@ def _string_lines(batch: list[Any]) -> bytes | None:
     if lines != rows or text.count(b",") != rows * (width - 1):
         return None
     return None if b'"' in text or b"\r" in text or b"\x00" in text else text
-
-
-def _plain_lines(batch: list[Any]) -> bytes | None:
-    """The batch's CSV lines made from its JSON (orjson, in C, one call), or None.
-
-    Note: None where ``json_lines`` refuses its JSON, orjson refuses a cell (a ``Decimal``, an
-    int beyond 64 bits, a lone surrogate) or ``_width`` is 0.
-    Why no type test per cell: it cost as much as the rest."""
-    width = _width(batch)
-    return json_lines(batch, width) if width else None
 
 
 def json_lines(
