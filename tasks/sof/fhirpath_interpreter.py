@@ -217,7 +217,7 @@ def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
     )
 
 
-def amp(ctx: Ctx, left: Any = "", right: Any = "") -> str:
+def amp(ctx: Ctx, left: Any, right: Any) -> str:
     """FHIRPath's ``&`` (an empty operand counts as ``''``), bounded before it is made."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
     refuse_larger("&", len(left) + len(right))

@@ -213,7 +213,7 @@ class CompiledView:
     constants: JsonObject
     name: str
     """How errors name the view: its ``name``, else ``title``, else its resource type."""
-    max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
+    max_rows_per_resource: int
 
     @cached_property
     def compiled(self) -> RowsAt | None:
