@@ -77,9 +77,9 @@ class _Writer:
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
         """(value, type, indent): checked as an object of that type in that block."""
-        self.walked: dict[tuple[str, str, int], str] = {}
+        self.walked: dict[tuple[str, tuple[Operation, ...], int], str] = {}
         """(focus, steps, indent): the list a walk of those steps gave in that block."""
-        self.groups: dict[tuple[str, str, str, int], _Where] = {}
+        self.groups: dict[tuple[str, str, TypePath, int], _Where] = {}
         """(elements, key, type, indent): the pass keeping elements by their key's text."""
         self.known: dict[tuple[str, str], str] = {}
         """(element, key): the constant a where's branch compared the element's key with"""
@@ -293,16 +293,15 @@ class _Writer:
             paired = (
                 step == 0
                 and [kind for kind, _, _, _ in operations[:2]] == ["member", "member"]
-                and (focus, repr(operations[:1]), indent) not in self.walked
+                and (focus, operations[:1], indent) not in self.walked
             )
-            known = (focus, repr(operations[: step + 1 + paired]), indent)
+            known = (focus, operations[: step + 1 + paired], indent)
             if known not in self.walked:
-                if paired:
-                    self.walked[known] = self.member_pair(
-                        operations[0], operations[1], focus, indent
-                    )
-                else:
-                    self.walked[known] = self.step(operations[step], found, focus, indent)
+                self.walked[known] = (
+                    self.member_pair(operations[0], operations[1], focus, indent)
+                    if paired
+                    else self.step(operations[step], found, focus, indent)
+                )
             found, step = self.walked[known], step + 1 + paired
         assert found is not None  # member_plan gives plans of one step or more
         return found
@@ -379,7 +378,7 @@ class _Writer:
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
         """The one pass over ``found`` of the block's ``where(key = 'text')`` tests there."""
-        known = (found, key, repr(at), indent)
+        known = (found, key, at, indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent, key)
             self.lines.append(where.initial)
