@@ -135,6 +135,7 @@ class MemberPath:
     interpreter for a path ending in a function."""
 
     def __init__(self, expression: str, steps: list[Step]):
+        self.expression = expression
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
         self.members = steps[:-1] if self.function else steps
         self.fallback = _interpreted(expression) if self.function else None

@@ -18,20 +18,20 @@ Focus = tuple[str | None, str]
 def refuse_other_types(view: View) -> None:
     """Refuse a path whose type filter never matches its focus: ViewDefinitionError."""
     focus = (view.resource, f"each {view.resource}")
-    for index, (path, evaluate) in enumerate(view.where):
-        _check(evaluate, path, focus, f"view {view.name!r}, where[{index}]")
+    for index, evaluate in enumerate(view.where):
+        _check(evaluate, focus, f"view {view.name!r}, where[{index}]")
     _check_select(view.root, focus, view.name)
 
 
 def _check_select(select: Select, focus: Focus, view: str) -> None:
-    for path, evaluate in zip(select.paths, select.iterate, strict=True):
-        _check(evaluate, path, focus, f"view {view!r}, {select.iteration} {path!r}")
+    for evaluate in select.iterate:
+        _check(evaluate, focus, f"view {view!r}, {select.iteration} {evaluate.expression!r}")
     if select.iteration is not None:
         repeat = select.iteration == "repeat"
         kind = None if repeat else _element_type(select.iterate[0], focus[0])
-        focus = (kind, f"each {kind} of {select.iteration} {select.paths[0]!r}")
+        focus = (kind, f"each {kind} of {select.iteration} {select.iterate[0].expression!r}")
     for column in select.columns:
-        _check(column.evaluate, column.path, focus, f"view {view!r}, column {column.name!r}")
+        _check(column.evaluate, focus, f"view {view!r}, column {column.name!r}")
     for nested in select.selects + select.union:
         _check_select(nested, focus, view)
 
@@ -44,12 +44,13 @@ def _element_type(evaluate: Compiled, focus: str | None) -> str | None:
     return None if plan is None else plan.path
 
 
-def _check(evaluate: Compiled, path: str, focus: Focus, where: str) -> None:
+def _check(evaluate: Compiled, focus: Focus, where: str) -> None:
     kind, shown = focus
     for name in evaluate.leading_types:
         if kind is not None and (name != kind or not holds_resources(kind)):
             also = f" (or with {kind}.)" if holds_resources(kind) else ""
             raise ViewDefinitionError(
-                f"{where}: the path {path!r} starts with the type {name}, but it is evaluated on "
-                f"{shown}, so it would never give a value; start it with a member of {kind}{also}"
+                f"{where}: the path {evaluate.expression!r} starts with the type {name}, but it is "
+                f"evaluated on {shown}, so it would never give a value; start it with a member of "
+                f"{kind}{also}"
             )

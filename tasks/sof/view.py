@@ -46,8 +46,8 @@ Focus = tuple[Any, TypePath]
 @dataclass
 class Column:
     name: str
-    path: str
     evaluate: Compiled
+    """Its ``path``, compiled (``expression``: as written)"""
     collection: bool
     fhir_type: Any
     """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
@@ -61,8 +61,9 @@ class Column:
             return [plain(value) for value in found]
         if len(found) > 1:
             raise ViewEvaluationError(
-                f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} "
-                "values; set collection: true or narrow the path (e.g. with first())"
+                f"Collection value for column {self.name!r}: path {self.evaluate.expression!r} "
+                f"gave {len(found)} values; set collection: true or narrow the path (e.g. with "
+                "first())"
             )
         return plain(found[0]) if found else None
 
@@ -70,7 +71,6 @@ class Column:
 @dataclass
 class Select:
     iteration: str | None
-    paths: list[str]
     iterate: list[Compiled]
     columns: list[Column]
     selects: list[Select]
@@ -121,9 +121,9 @@ class Select:
             count += 1
             if count > MAX_REPEAT_ELEMENTS:
                 raise ViewEvaluationError(
-                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements "
-                    "(paths that lead back to an element, or several paths to the same children, "
-                    "repeat without end)"
+                    f"repeat {[e.expression for e in self.iterate]!r} reaches more than "
+                    f"{MAX_REPEAT_ELEMENTS:,} elements (paths that lead back to an element, or "
+                    "several paths to the same children, repeat without end)"
                 )
             yield item
             pending.append(iter(self._children(item, env)))
@@ -209,7 +209,7 @@ class CompiledView:
     resource: str
     columns: list[str]
     root: Select
-    where: list[tuple[str, Compiled]]
+    where: list[Compiled]
     constants: JsonObject
     name: str
     """How errors name the view: its ``name``, else ``title``, else its resource type."""
@@ -285,15 +285,17 @@ class CompiledView:
         return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     def _passes(self, focus: Focus, env: Env) -> bool:
-        for path, evaluate in self.where:
+        for evaluate in self.where:
             try:
                 found = [plain(value) for value in evaluate.collect(*focus, env)[0]]
             except FhirPathError as exc:
-                raise ViewEvaluationError(f"where {path!r}: {exc}") from exc
+                raise ViewEvaluationError(f"where {evaluate.expression!r}: {exc}") from exc
             if not found:
                 return False
             if len(found) > 1 or not isinstance(found[0], bool):
-                raise ViewEvaluationError(f"where {path!r} must give a boolean, got {found!r}")
+                raise ViewEvaluationError(
+                    f"where {evaluate.expression!r} must give a boolean, got {found!r}"
+                )
             if not found[0]:
                 return False
         return True
@@ -322,7 +324,7 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
-        where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
+        where.append(_compile(clause["path"], f"where[{index}]", known_variables))
     name = str(view.get("name") or view.get("title") or resource)
     made = CompiledView(resource, root.names, root, where, constants, name, max_rows_per_resource)
     refuse_other_types(made)
@@ -348,14 +350,14 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     union = _compile_union(spec["unionAll"], where, variables, depth) if "unionAll" in spec else []
     names = [c.name for c in columns] + [name for nested in selects for name in nested.names]
     names += union[0].names if union else []
-    own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in columns)
+    own = tuple(0 if c.evaluate.expression.strip() == ROW_INDEX else None for c in columns)
     null_row = own + (None,) * (len(names) - len(own))
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
     # ahead of any other, joined to the select's own columns: the same rows (names and null row are
     # set by now), fewer products.
     while selects and _single_row(selects[0]):
         columns += selects.pop(0).columns
-    return Select(iteration, paths, iterate, columns, selects, union, names, null_row)
+    return Select(iteration, iterate, columns, selects, union, names, null_row)
 
 
 def _iteration(spec: JsonObject, where: str) -> tuple[str | None, list[Any]]:
@@ -416,7 +418,7 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
     if not isinstance(collection := spec.get("collection", False), bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
     fhir_type = None if collection else spec.get("type")
-    return Column(name, path, _compile(path, f"{where} ({name})", variables), collection, fhir_type)
+    return Column(name, _compile(path, f"{where} ({name})", variables), collection, fhir_type)
 
 
 def _check_object(spec: Any, keys: set[str], where: str) -> None:
