@@ -269,14 +269,14 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
 
 def matches(ctx: Ctx, inputs: list[Any], pattern: Any) -> Any:
     """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
-    if not inputs or isinstance(pattern, list):
+    if isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
 def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any) -> Any:
     """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
-    if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
+    if isinstance(pattern, list) or isinstance(replacement, list):
         return []
     text, compiled = _single_string(inputs), regex(pattern, False)
     size = len(text)
@@ -292,7 +292,7 @@ def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any)
 
 def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
     """fhirpathpy's ``replace``, refused before it builds a string over the bound."""
-    if inputs and isinstance(pattern, str) and isinstance(substitution, str):
+    if isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
         refuse_larger("replace()", len(text) + count * (len(substitution) - len(pattern)))
@@ -346,6 +346,7 @@ def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], list[Any]]) -> lis
     return found
 
 
+# nullable_input: fhirpathpy gives no value for no input without calling the function
 SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
     "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
