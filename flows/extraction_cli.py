@@ -314,16 +314,16 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
             f"CRTDL {args.crtdl} not found; give the path of the CRTDL JSON file"
         ) from None
     parse_crtdl(crtdl, args.crtdl)
-    preview = client.evaluate_cohort(crtdl)
+    patient_ids = client.evaluate_cohort(crtdl)
     if args.json:
         print_json(
-            {"cohort_size": preview.size}
-            | ({"patient_ids": list(preview.patient_ids)} if args.ids else {})
+            {"cohort_size": len(patient_ids)}
+            | ({"patient_ids": list(patient_ids)} if args.ids else {})
         )
         return EXIT_OK
-    print(f"cohort size: {preview.size} patient{'s' if preview.size != 1 else ''}")
+    print(f"cohort size: {len(patient_ids)} patient{'s' if len(patient_ids) != 1 else ''}")
     if args.ids:
-        for patient_id in preview.patient_ids:
+        for patient_id in patient_ids:
             print(shown(patient_id))
     return EXIT_OK
 

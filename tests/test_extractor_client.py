@@ -768,7 +768,7 @@ def test_cohort_preview_reads_the_patients_of_the_list_and_404_means_unsupported
         json_reply(200, cohort), json_reply(404, {"resourceType": "OperationOutcome"})
     )
     with server, task_client(server.base_url) as client:
-        assert client.evaluate_cohort(CRTDL).patient_ids == ("a", "b")
+        assert client.evaluate_cohort(CRTDL) == ("a", "b")
         with pytest.raises(ServiceError):
             client.evaluate_cohort(CRTDL)
     assert state.requests[0].body == CRTDL and state.requests[0].headers["content-type"] == "application/json"

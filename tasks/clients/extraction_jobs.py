@@ -159,15 +159,6 @@ class ControlResult:
     changed: bool  # False: the job already was where the operation would have put it
 
 
-@dataclass(frozen=True)
-class CohortPreview:
-    patient_ids: tuple[str, ...]
-
-    @property
-    def size(self) -> int:
-        return len(self.patient_ids)
-
-
 def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
     urls = tuple(
         url
@@ -352,8 +343,8 @@ class ExtractionTaskClient(ServiceClient):
             message += "; check the server's disk and logs, then delete again"
             raise ServiceError(exc.operation, 500, message, service=SERVICE) from exc
 
-    def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
-        """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
+    def evaluate_cohort(self, crtdl: bytes) -> tuple[str, ...]:
+        """POST the CRTDL to /fhir/$evaluate-cohort; return the patient ids of the List."""
         unsupported = (
             f"the extraction server at {self.base_url} does not support cohort preview "
             "($evaluate-cohort exists only in newer servers)"
@@ -369,7 +360,7 @@ class ExtractionTaskClient(ServiceClient):
             too_large_hint=TOO_LARGE_COHORT,
             headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
         )
-        return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
+        return cohort_patient_ids(document_of(response, "preview cohort"))
 
     def _job_request(
         self,
