@@ -87,7 +87,6 @@ def import_file(step: StepInput, source: str, name: str, identity: list[Any]) ->
             step.output_dir / name,
             source=shown,
             expected_size=size,
-            stop_if_cancelled=raise_if_cancelled,
             size_hint=hint,
             **written,
         ) as writer:

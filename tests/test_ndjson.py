@@ -461,7 +461,7 @@ def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_
 
     def write_the_file() -> None:
         try:
-            with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE, stop_if_cancelled=raise_if_cancelled) as out:
+            with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE) as out:
                 out.write(b'{"resourceType":"A"}\n')
         except BaseException as exc:
             outcome.append(exc)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import BinaryIO
 
 import zstandard
 
-from tasks.streams.fanout import unless_cancelled
+from tasks.streams.fanout import raise_if_cancelled, unless_cancelled
 from tasks.streams.files import close_synced, start_writeback
 from tasks.streams.line_check import LineChecker, LineCounts, check_plain_span
 from tasks.streams.ndjson import (
@@ -31,7 +31,6 @@ from tasks.streams.ndjson import (
 )
 from tasks.streams.processes import (
     ProcessCalls,
-    never_cancelled,
     pool_size,
     processes_allowed,
     run_in_process,
@@ -59,7 +58,7 @@ class AtomicNdjsonWriter:
     data in errors; the writeback starts every ``WRITEBACK_BYTES``.
     Note: ``expected_size`` lets a large plain file be checked in worker processes, in spans as it
     is written, so the writing thread only moves bytes (a bad line is reported once the whole file
-    is written); ``stop_if_cancelled`` stops that check.
+    is written); a cancel of the fan-out stops that check.
     Why: ``size_hint`` (never a pledge) sizes the zstd context: 0.27 MB for a 12.7 KB file instead
     of 5.5 MB at the default level, held by every file written at once.
     Why: ``zstd_thread`` compresses in a zstd thread of the writer's own, as ``zstd -T1`` does, for
@@ -74,7 +73,6 @@ class AtomicNdjsonWriter:
         max_line_bytes: int,
         source: str | None = None,
         expected_size: int | None = None,
-        stop_if_cancelled: Callable[[], None] = never_cancelled,
         size_hint: int | None = None,
         zstd_thread: bool = False,
     ):
@@ -89,7 +87,7 @@ class AtomicNdjsonWriter:
         )
         # absolute: a worker checking it keeps the directory it started in
         self.part = dest.absolute().with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
-        self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
+        self._source = source or str(dest)
         check_later = (
             level is None
             and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES
@@ -205,10 +203,10 @@ class AtomicNdjsonWriter:
         whole = (self.part, self._source, self._max_line_bytes, 0, self._written)
         try:
             return LineCounts(
-                *map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True))
+                *map(sum, zip(*self._checks.results(raise_if_cancelled), strict=True))
             )
         except NdjsonError:
-            run_in_process(check_plain_span, *whole, stop_if_cancelled=self._stop_if_cancelled)
+            run_in_process(check_plain_span, *whole, stop_if_cancelled=raise_if_cancelled)
             raise
         # a worker died under the check (the OOM killer, a kill): check it here
         except BrokenProcessPool:
