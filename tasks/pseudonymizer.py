@@ -48,7 +48,7 @@ TOO_LARGE_HINT = (
     f"chunks, or raise {BODY_LIMIT}"
 )
 # the step's, for its file tasks
-_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
+_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest()
 
 
 class FileReport(TypedDict):

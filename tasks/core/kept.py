@@ -4,18 +4,18 @@ import threading
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+KEPT = 4  # a step's values at once: a job's, and a few jobs' beside it on a Dask worker
 
 
 class KeptByDigest(Generic[T]):
-    """The latest ``size`` values given to ``keep``, by digest.
+    """The latest ``KEPT`` values given to ``keep``, by digest.
 
     Why: a step reads a file once (the anonymization config, the flattening's plan) and names it
     to its file tasks by digest, never as a task parameter; a process that has not seen it (a Dask
     worker) finds nothing and reads it again.
     """
 
-    def __init__(self, size: int) -> None:
-        self._size = size
+    def __init__(self) -> None:
         self._values: dict[str, T] = {}
         self._lock = threading.Lock()
 
@@ -23,7 +23,7 @@ class KeptByDigest(Generic[T]):
         with self._lock:
             self._values.pop(digest, None)
             self._values[digest] = value
-            while len(self._values) > self._size:
+            while len(self._values) > KEPT:
                 del self._values[next(iter(self._values))]
 
     def get(self, digest: str) -> T | None:

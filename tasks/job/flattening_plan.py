@@ -96,7 +96,7 @@ class StepPlan:
     digest: str
 
 
-_plans: KeptByDigest[StepPlan] = KeptByDigest(size=4)
+_plans: KeptByDigest[StepPlan] = KeptByDigest()
 
 
 def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> StepPlan:
