@@ -211,7 +211,10 @@ def test_a_failed_call_of_a_cancelled_fan_out_is_neither_retried_nor_logged_as_r
     assert "retrying" not in caplog.text
 
 
-def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_service_holds_it():
+@pytest.mark.parametrize("attempts", [5, 1], ids=["attempts-left", "last-attempt"])
+def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_service_holds_it(attempts):
+    """On the last attempt (no retry to refuse it) the read the cancel ended was told as the request's deadline."""
+    retry = RetrySettings(max_attempts=attempts, initial_backoff_ms=100, max_backoff_ms=1000)
     deadline = functools.partial(Deadline, 120.0, "a test's deadline")
     with serve(Reply(delay=20)) as server, cancel_scope() as cancel:
 
@@ -221,7 +224,7 @@ def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_serv
 
         threading.Thread(target=cancel_once_sent, daemon=True).start()
         started = time.monotonic()
-        with ServiceClient(ServiceEndpoint("validation", server.base_url), TLS, RETRY) as client:
+        with ServiceClient(ServiceEndpoint("validation", server.base_url), TLS, retry) as client:
             with pytest.raises(Cancelled):
                 client.request("POST", "/validateResource", operation="validate", deadline=deadline, body=b"{}")
         assert time.monotonic() - started < 10

@@ -163,6 +163,9 @@ def stopping(stop: Callable[[], None]) -> Iterator[None]:
         if found.cancelled.is_set():
             stop()
         yield
+    except Exception:
+        raise_if_cancelled()  # the block failed as ``stop`` ended it: the cancel is the news
+        raise
     finally:
         found.stops.discard(stop)
 
