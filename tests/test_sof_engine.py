@@ -137,7 +137,7 @@ def test_rows_of_nulls_booleans_ints_and_brackets_go_to_csv_as_their_cells(rows:
     ids=["object", "string member", "array", "empty array", "empty object"],
 )
 def test_rows_with_an_object_or_array_go_to_csv_as_its_json(value, cell):
-    """A batch otherwise of the types ``_plain_lines`` takes (no type test per cell): the cell is the value's JSON,
+    """A batch otherwise of the types ``json_lines`` takes (no type test per cell): the cell is the value's JSON,
     quoted, not its JSON with the quotes taken out."""
     rows = [(str(n), True, None, n) for n in range(ROWS_PER_BATCH)]
     rows[7] = ("x", value, None, 1)
