@@ -322,7 +322,8 @@ def test_continue_of_a_killed_job_ends_the_task_runs_its_attempt_left_running(tm
 
 def test_a_cancel_pressed_before_the_runs_watch_is_up_stops_its_work(prefect_api):
     """A Cancel just before the watch's event stream was up was in neither its live events nor (not yet stored)
-    their replay: the job's work went on to the step's end (a CI run lost both files of an import so)."""
+    their replay: the job's work went on to the step's end (in a CI run an import finished both its files after
+    the Cancel)."""
     flow = api(prefect_api["api_url"], "POST", "/flows/", json={"name": "watched"})
     run = api(prefect_api["api_url"], "POST", "/flow_runs/", json={"flow_id": flow["id"]})
     press(prefect_api["api_url"], run["id"], {"type": "RUNNING", "name": "Running"})
