@@ -3,7 +3,6 @@
 Why here: config/ is the one place that reads environment variables.
 """
 
-import base64
 import ctypes
 import functools
 import os
@@ -100,10 +99,10 @@ def _api_headers(auth_string: str | None, key: str | None) -> dict[str, str]:
     Why: the server probes ask every 50 ms of a start-up, and registering a secret computes all
     its forms.
     """
-    from tasks.core.redaction import register_secret
+    from tasks.core.redaction import basic_token, register_secret
 
     if auth_string:
-        token = base64.b64encode(auth_string.encode()).decode()
+        token = basic_token(auth_string)
         register_secret(auth_string)
         register_secret(token)
         return {"Authorization": f"Basic {token}"}

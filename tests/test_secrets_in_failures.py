@@ -14,7 +14,7 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 from config.settings import TaskRunnerSettings
 from flows.run_logging import keep_one_trace_per_failure
-from tasks.core.redaction import register_basic_credentials, register_secret
+from tasks.core.redaction import basic_token, register_secret
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import file_runner, map_files
 from tests.steps import step_input
@@ -56,7 +56,8 @@ def failure_records_arrived(flow_run_id, *words: str) -> None:
 
 def test_a_secret_in_an_exception_text_reaches_no_row_of_the_prefect_database_and_no_file(tmp_path, prefect_api):
     register_secret(API_KEY)
-    register_basic_credentials(USER, PASSWORD)
+    register_secret(PASSWORD)
+    register_secret(basic_token(f"{USER}:{PASSWORD}"))
     state = failing(step_input(tmp_path / "job", "echoing"), return_state=True)
     assert state.is_failed()
     # the API has this run's failure records before we look (the session's server holds other tests' logs too)

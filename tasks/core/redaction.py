@@ -131,10 +131,9 @@ def hide_secret_parameters(text: str, mark: str = REDACTED) -> str:
     return URL_PARAMETER.sub(hidden, text)
 
 
-def register_basic_credentials(username: str, password: str) -> None:
-    """Register the password and the pair's Basic token (an echoed header shows it)."""
-    register_secret(password)
-    register_secret(b64encode(f"{username}:{password}".encode()).decode())
+def basic_token(login: str) -> str:
+    """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth."""
+    return b64encode(login.encode()).decode()
 
 
 def _looks_like_token(word: str) -> bool:
