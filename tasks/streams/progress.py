@@ -75,6 +75,8 @@ def _human(amount: float, unit: str) -> str:
 
 Display = Literal["bar", "log", "none"]
 _display: Display = "log"
+_bars_lock = threading.Lock()
+_bars: Any = None  # the rich Progress of the bars shown now
 
 
 def use_display(display: Display) -> None:
@@ -108,11 +110,31 @@ def expect_files(count: int, noun: str = "files") -> None:
 
 @contextmanager
 def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
+    """Nothing, log lines, or a bar: a task of this process's one rich ``Progress``.
+
+    Note: the ``Progress`` lives from the first bar shown to the last.
+    Why: rich draws one live display at a time, and a second ``Progress`` would nest in the first
+    and vanish when that one ends.
+    """
+    global _bars
     if _display == "none":
         yield Tracker()
     elif _display == "bar":
-        with _bar(label, total, unit) as tracker:
-            yield tracker
+        with _bars_lock:
+            if _bars is None:
+                _bars = _new_rich_progress()
+                _bars.start()
+            progress = _bars
+            task_id = progress.add_task(label, total=total, unit=unit)
+        try:
+            yield _Bar(progress, task_id)
+        finally:
+            with _bars_lock:
+                progress.refresh()  # the bar's last state is drawn once before it goes
+                progress.remove_task(task_id)
+                if not progress.tasks:
+                    progress.stop()
+                    _bars = None
     else:
         tracker = _LogTracker(label, total, unit)
         yield tracker
@@ -325,35 +347,6 @@ class ProgressArtifact:
         except Exception as exc:
             self._next_write = float("inf")
             logger.warning("progress artifact %s not updated any more: %s", self.key, exc)
-
-
-_bars_lock = threading.Lock()
-_bars: Any = None  # the rich Progress of the bars shown now
-
-
-@contextmanager
-def _bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
-    """Show a bar as a task of this process's one rich ``Progress``, from first bar to last.
-
-    Why: rich draws one live display at a time, and a second ``Progress`` would nest in the first
-    and vanish when that one ends.
-    """
-    global _bars
-    with _bars_lock:
-        if _bars is None:
-            _bars = _new_rich_progress()
-            _bars.start()
-        progress = _bars
-        task_id = progress.add_task(label, total=total, unit=unit)
-    try:
-        yield _Bar(progress, task_id)
-    finally:
-        with _bars_lock:
-            progress.refresh()  # the bar's last state is drawn once before it goes
-            progress.remove_task(task_id)
-            if not progress.tasks:
-                progress.stop()
-                _bars = None
 
 
 @dataclass
