@@ -312,10 +312,11 @@ def run_step(step_task: Any, step: StepInput) -> StepResult:
     Note: a cached result is taken only while its files are on disk as recorded.
     Note: ``step`` is ``quote``d: Prefect would walk (and copy) every file of its input.
     """
-    run = stored_in_job(step_task, step)
-    state = run(quote(step), return_state=True)
-    if files_gone(state, step.job_path):
-        state = stored_in_job(step_task, step, refresh=True)(quote(step), return_state=True)
+    # a refreshed run is never a cache hit: the second pass ends the loop
+    for refresh in (False, True):
+        state = stored_in_job(step_task, step, refresh)(quote(step), return_state=True)
+        if not files_gone(state, step.job_path):
+            break
     result: StepResult = state.result()
     return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 
