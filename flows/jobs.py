@@ -152,10 +152,9 @@ def refuse_unshowable_settings(record: JobRecord) -> None:
     Why: the loader's messages show them as they are; one from a damaged ``job.json`` is refused
     first, shown escaped, so it never reaches a terminal raw.
     """
-    overrides = [f"{key}={value}" for key, value in record.overrides.items()]
     for field, text in [
         ("config_path", record.config_path or ""),
-        *(("overrides", each) for each in overrides),
+        *(("overrides", f"{key}={value}") for key, value in record.overrides.items()),
     ]:
         if problem := invisible_character_problem(text):
             shown = show_text(text, None)
@@ -170,7 +169,7 @@ def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
 
     Why: it would skip or add steps on data that went through the others.
     """
-    now = list(settings.pipeline.enabled_steps)
+    now = settings.pipeline.enabled_steps
     if record.enabled_steps and now != record.enabled_steps:
         raise JobError(
             f"job {record.job_id} was started with pipeline.enabled_steps "

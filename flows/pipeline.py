@@ -180,7 +180,7 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
     """
     with get_client(sync_client=True) as client:
         run = newest_job_run(client, job.paths)
-        if run is None or str(run.id) == str(runtime.flow_run.id):
+        if run is None or str(run.id) == runtime.flow_run.id:
             return None
         said = f"job {job.job_id} goes on in its own flow run {run.id}"
         if run.state is not None and run.state.is_paused():
