@@ -347,10 +347,8 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: JsonObject | None) -> 
             job_input=job.job_input,
             overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
         ) | (continuing or {})
-        if continuing is None:
-            run = job_runs.new_job_run(job.job_id, paths, parameters)
-        else:
-            run = job_runs.continued_job_run(job.job_id, paths, parameters)
+        made = job_runs.new_job_run if continuing is None else job_runs.continued_job_run
+        run = made(job.job_id, paths, parameters)
         end_start_up()
         try:
             return job_runs.execute(run, parameters)
