@@ -42,6 +42,8 @@ CONTROLS = {  # an operation: its help, what it did, why it changed nothing
     "pause": ("pause a running job", "paused", "already paused"),
     "resume": ("resume a paused job", "resumed", "already running"),
     "cancel": ("cancel a job", "cancelled", "already cancelled"),
+    # said with the level it has now
+    "priority": ("raise or lower a job's priority", "priority set to", "priority already"),
 }
 
 
@@ -93,7 +95,6 @@ def register_extraction(
     on_a_job = {
         "show": ("one job: progress and consent audit files", cmd_show),
         **{operation: (text, cmd_control) for operation, (text, _, _) in CONTROLS.items()},
-        "priority": ("raise or lower a job's priority", cmd_control),
         "delete": ("delete a job and its result files", cmd_delete),
     }
     for operation, (text, handler) in on_a_job.items():
@@ -259,13 +260,11 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         print_json(
             {"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()}
         )
-    elif operation == "priority":
-        verb = "priority set to" if result.changed else "priority already"
-        print(f"extraction job {shown(job.id)}: {verb} {job.priority} (status {shown(job.status)})")
     else:
         _, done, already = CONTROLS[operation]
         verb = done if result.changed else already
-        print(f"extraction job {shown(job.id)}: {verb} (status {shown(job.status)})")
+        level = f" {job.priority}" if operation == "priority" else ""
+        print(f"extraction job {shown(job.id)}: {verb}{level} (status {shown(job.status)})")
     return EXIT_OK
 
 
