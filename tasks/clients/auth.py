@@ -108,12 +108,8 @@ def origin_text(origin: Origin) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def clock() -> float:
-    """Read the monotonic clock that token lifetimes are measured on.
-
-    Why: one name, so a test can move it on.
-    """
-    return time.monotonic()
+# the monotonic clock that token lifetimes are measured on; one name, so a test can move it on
+clock = time.monotonic
 
 
 class TokenSource:
