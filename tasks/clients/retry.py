@@ -75,10 +75,7 @@ def call_with_retry(
         before_sleep=log_retry,
         reraise=True,
     )
-    try:
-        return retrying(attempt)
-    except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
+    return call_once(lambda: retrying(attempt), operation=operation, service=service)
 
 
 def call_once(attempt: Callable[[], T], *, operation: str, service: str | None = None) -> T:
