@@ -201,11 +201,11 @@ class ServiceClient(Closing):
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:
-            bound = None if deadline is None else deadline()
             with contextlib.ExitStack() as stack:
-                if bound is None:
+                if deadline is None:
                     response = stack.enter_context(self.http.stream(method, url, **request_kwargs))
                 else:  # a cancelled fan-out ends the answer at once
+                    bound = deadline()
                     stack.enter_context(stopping(bound.shut_down))
                     response = stack.enter_context(
                         answer_within(self.http, bound, method, url, **where, **request_kwargs)
