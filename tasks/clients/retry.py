@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, Unpack
 
 import httpx
 from tenacity import (
@@ -18,7 +18,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
+from tasks.clients.errors import Call, ServiceError, is_transient_network_error, network_error
 from tasks.streams.fanout import pause, raise_if_cancelled
 
 if TYPE_CHECKING:
@@ -37,9 +37,8 @@ def call_with_retry(
     attempt: Callable[[], T],
     retry: RetrySettings,
     *,
-    operation: str,
-    service: str | None = None,
     sleep: Callable[[float], None] = pause,
+    **where: Unpack[Call],
 ) -> T:
     max_backoff = retry.max_backoff_ms / 1000
     backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=max_backoff)
@@ -52,7 +51,8 @@ def call_with_retry(
     def log_retry(state: RetryCallState) -> None:
         # a cancelled fan-out's call (its client closed under it) is not retried
         raise_if_cancelled()
-        failed = f"{service}: {operation} failed" if service else f"{operation} failed"
+        who = f"{where['service']}: " if where["service"] else ""
+        failed = f"{who}{where['operation']} failed"
         assert state.outcome is not None, "tenacity calls before_sleep once an attempt has failed"
         exc = state.outcome.exception()
         said = str(exc) or type(exc).__name__  # many network errors have no text
@@ -75,12 +75,12 @@ def call_with_retry(
         before_sleep=log_retry,
         reraise=True,
     )
-    return call_once(lambda: retrying(attempt), operation=operation, service=service)
+    return call_once(lambda: retrying(attempt), **where)
 
 
-def call_once(attempt: Callable[[], T], *, operation: str, service: str | None = None) -> T:
+def call_once(attempt: Callable[[], T], **where: Unpack[Call]) -> T:
     """Make exactly one attempt, its network error raised as a ``ServiceError``."""
     try:
         return attempt()
     except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
+        raise network_error(exc, **where) from exc
