@@ -20,11 +20,11 @@ from tasks.clients.pseudonymizer import (
     AnonymizationConfig,
     EntryTooLargeError,
     PseudonymizationError,
-    RequestBody,
     checked_answer,
     compact_size,
     needs_split,
     reassemble_bundle,
+    request_body,
     resource_label,
     split_bundle,
 )
@@ -73,7 +73,7 @@ def test_the_parameters_body_carries_the_yaml_as_a_base64_attachment_and_the_res
     config = AnonymizationConfig("x.yaml", b"fhirPathRules: []\n")
     resource_json = b'{"resourceType":"Observation","valueDecimal":1.50}'
 
-    body = orjson.loads(RequestBody(config)(resource_json))
+    body = orjson.loads(request_body(config)(resource_json))
 
     assert body == {
         "resourceType": "Parameters",
@@ -85,8 +85,8 @@ def test_the_parameters_body_carries_the_yaml_as_a_base64_attachment_and_the_res
             {"name": "resource", "resource": {"resourceType": "Observation", "valueDecimal": 1.5}},
         ],
     }
-    assert resource_json in RequestBody(config)(resource_json)  # sent as read, decimals as written
-    assert RequestBody(None)(resource_json) == resource_json
+    assert resource_json in request_body(config)(resource_json)  # sent as read, decimals as written
+    assert request_body(None)(resource_json) == resource_json
 
 
 def test_the_config_bytes_stay_out_of_its_repr():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,25 +93,16 @@ class Pseudonymized:
     split: bool
 
 
-class RequestBody:
-    """Build ``$de-identify`` bodies from a resource's JSON bytes, never re-serialised."""
-
-    def __init__(self, config: AnonymizationConfig | None):
-        self._prefix, self._suffix = b"", b""
-        if config is not None:
-            attachment = {
-                "contentType": "application/yaml",
-                "data": base64.b64encode(config.data).decode(),
-            }
-            config_part = orjson.dumps({"name": "config", "valueAttachment": attachment})
-            self._prefix = (
-                b'{"resourceType":"Parameters","parameter":[%b,{"name":"resource","resource":'
-                % config_part
-            )
-            self._suffix = b"}]}"
-
-    def __call__(self, resource_json: bytes) -> bytes:
-        return self._prefix + resource_json + self._suffix if self._prefix else resource_json
+def request_body(config: AnonymizationConfig | None) -> Callable[[bytes], bytes]:
+    """Return what makes ``$de-identify`` bodies of a resource's JSON bytes, never re-serialised."""
+    if config is None:
+        return lambda resource_json: resource_json
+    attachment = {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()}
+    config_part = orjson.dumps({"name": "config", "valueAttachment": attachment})
+    prefix = (
+        b'{"resourceType":"Parameters","parameter":[%b,{"name":"resource","resource":' % config_part
+    )
+    return lambda resource_json: prefix + resource_json + b"}]}"
 
 
 class Pseudonymizer:
@@ -141,7 +133,7 @@ class Pseudonymizer:
             too_large_hint=TOO_LARGE_ANSWER_HINT,
             headers=FHIR_JSON_HEADERS,
         )
-        self._body = RequestBody(config)
+        self._body = request_body(config)
         self.split_threshold_bytes = split_threshold_mb * MB
 
     def pseudonymize(self, resource_json: bytes, resource: JsonObject) -> Pseudonymized:
