@@ -147,7 +147,7 @@ class FhirServer(Closing):
             "transaction",
             body,
             rejection=rejected_by_status,
-            extra_headers=RETURN_MINIMAL,
+            headers=FHIR_JSON_HEADERS | RETURN_MINIMAL,
         )
         return checked_transaction_response(answer, entries)
 
@@ -175,7 +175,7 @@ class FhirServer(Closing):
         read_answer: bool = True,
         hints: dict[int, str] | None = None,
         rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
-        extra_headers: dict[str, str] | None = None,
+        headers: dict[str, str] = FHIR_JSON_HEADERS,
     ) -> httpx.Response:
         """Make one call with retry, each attempt in its deadline, the answer read bounded.
 
@@ -183,8 +183,7 @@ class FhirServer(Closing):
         or what ``rejection`` makes of it. ``length``: a streamed ``body``'s size.
         """
         size = len(body) if isinstance(body, bytes) else length
-        headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
-        headers |= {"Content-Length": str(size)} if size is not None else {}
+        headers = headers | ({"Content-Length": str(size)} if size is not None else {})
         where: Call = {"operation": operation, "service": SERVICE_NAME}
         # each attempt's deadline: the request's plus the upload of the body
         seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
