@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -50,6 +51,8 @@ NDJSON_ACCEPT = "application/fhir+ndjson"
 PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
 DEFAULT_MAX_FILES = 100_000
+# a 206's "bytes <first>-<last>/<size>" (its first byte), a 416's "bytes */<size>"
+CONTENT_RANGE = re.compile(r"bytes (?:(\d+)(?:-|\Z)|\*/(\d+)\Z)")
 
 
 class DownloadError(StepError):
@@ -333,13 +336,9 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
 
 def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
     """Return a 206's first byte (``Content-Range``) and a 416's ``bytes */size``."""
-    unit, _, span = response.headers.get("Content-Range", "").partition(" ")
-    first, size = span.split("-", 1)[0], span.removeprefix("*/")
-    if unit != "bytes":
-        return None, None
-    return int(first) if first.isdigit() else None, int(size) if span.startswith(
-        "*/"
-    ) and size.isdigit() else None
+    match = CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+    first, size = match.groups() if match else (None, None)
+    return int(first) if first else None, int(size) if size else None
 
 
 class _Sink:
