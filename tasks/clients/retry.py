@@ -58,13 +58,12 @@ def call_with_retry(
         said = str(exc) or type(exc).__name__  # many network errors have no text
         # a ServiceError of this call says it
         shown = said if said.startswith(failed) else f"{failed} ({said})"
-        wait = state.next_action.sleep if state.next_action else 0.0
         log.warning(
             "%s; attempt %d of %d, retrying in %.1f s",
             shown,
             state.attempt_number,
             retry.max_attempts,
-            wait,
+            state.upcoming_sleep,  # the wait's answer, as tenacity is about to sleep it
         )
 
     retrying = Retrying(
