@@ -32,7 +32,7 @@ from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
 from tasks.clients.auth import basic_credentials
-from tasks.clients.http import INSECURE_WARNING, trusted_context
+from tasks.clients.http import INSECURE_WARNING, http_timeout, trusted_context
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
     ServiceError,
@@ -54,7 +54,6 @@ log = logging.getLogger("dupflow.clients")
 SERVICE = "s3"
 ENDPOINT_SETTING = "services.send.s3.endpoint"
 HIDDEN = "<hidden>"
-DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 COMPATIBLE_CHECKSUMS = {
     "request_checksum_calculation": "when_required",
     "response_checksum_validation": "when_required",
@@ -69,7 +68,7 @@ def make_s3_client(
 ) -> Any:
     """Make a boto3 S3 client for ``services.send``; ``ca_bundle``: where its CAs go."""
     s3 = send.s3
-    timeout = s3.timeout.total_seconds()
+    timeout = http_timeout(s3.timeout)  # a connect at most 10 s, as every client's
     # creating clients from one session is not thread-safe; reusing it saves ~0.2 s a client
     with _SESSION_LOCK:
         client = _session().client(
@@ -83,8 +82,8 @@ def make_s3_client(
             verify=s3_verify(tls, ca_bundle),
             config=Config(
                 s3={"addressing_style": "path" if s3.use_path_style else "auto"},
-                connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
-                read_timeout=timeout,
+                connect_timeout=timeout.connect,
+                read_timeout=timeout.read,
                 retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
                 **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
