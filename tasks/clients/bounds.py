@@ -23,8 +23,6 @@ MB = 1024 * 1024
 WRITE_PIECE = 64 * 1024
 # its bytes, or a function making its pieces afresh for each send
 Body = Callable[[], Iterable[bytes]] | bytes
-BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
-"""Headers that no longer describe a body read and decoded here (``answered``)."""
 
 
 class Deadline:
@@ -271,19 +269,3 @@ def read_answer(response: httpx.Response, limit: int, **where: Unpack[TooLarge])
     if len(body := first_bytes(response, limit)) > limit:
         raise answer_too_large(f"over {size_text(limit)}", limit, **where)
     return body
-
-
-def answered(response: httpx.Response, body: bytes) -> httpx.Response:
-    """Return ``response`` with ``body`` as its content and its status line as sent.
-
-    Note: without its framing headers; an error made of it says the server's reason phrase.
-    """
-    headers = [(k, v) for k, v in response.headers.multi_items() if k not in BODY_FRAMING_HEADERS]
-    # the status line as sent is in the extensions (http_version, reason_phrase)
-    return httpx.Response(
-        response.status_code,
-        headers=headers,
-        content=body,
-        request=response.request,
-        extensions=response.extensions,
-    )

@@ -42,6 +42,8 @@ BODY_LIMIT = (
 )
 """What a 413 asks to raise: a proxy answers for the service (nginx's 413 is an HTML page naming
 neither)."""
+BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+"""Headers that no longer describe a body read and decoded here (``answered``)."""
 SERVICE_SETTING = "dupflow.service_setting"
 """The request extension naming the configuration key of the URL (or OAuth issuer) whose origin it
 goes to."""
@@ -158,15 +160,11 @@ def nothing_answers_at(origin: str, setting: str) -> str:
 def error_from_response(
     response: httpx.Response,
     *,
-    body: bytes | None = None,
     hints: Mapping[int, str] | None = None,
     **call: Unpack[Call],
 ) -> ServiceError:
-    """Make a 4xx/5xx response's error from its ``body``, with the fix ``hints`` knows.
-
-    Note: ``body`` is by default the response's content.
-    """
-    texts = operation_outcome_texts(response.content if body is None else body)
+    """Make a 4xx/5xx response's error from its content, with the fix ``hints`` knows."""
+    texts = operation_outcome_texts(response.content)
     status_line = f"HTTP {response.status_code} {response.reason_phrase}"
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
     if hint := (hints or {}).get(response.status_code):
@@ -190,7 +188,7 @@ def raise_for_service_status(
     texts are used, and an error page can be of any size.
     """
     if response.is_error:
-        raise error_from_response(response, body=first_bytes(response), hints=hints, **call)
+        raise error_from_response(answered(response, first_bytes(response)), hints=hints, **call)
 
 
 def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) -> bytes:
@@ -201,6 +199,22 @@ def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) ->
         if len(body) > limit:
             break
     return bytes(body)
+
+
+def answered(response: httpx.Response, body: bytes) -> httpx.Response:
+    """Return ``response`` with ``body`` as its content and its status line as sent.
+
+    Note: without its framing headers; an error made of it says the server's reason phrase.
+    """
+    headers = [(k, v) for k, v in response.headers.multi_items() if k not in BODY_FRAMING_HEADERS]
+    # the status line as sent is in the extensions (http_version, reason_phrase)
+    return httpx.Response(
+        response.status_code,
+        headers=headers,
+        content=body,
+        request=response.request,
+        extensions=response.extensions,
+    )
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:

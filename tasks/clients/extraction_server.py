@@ -18,10 +18,11 @@ from urllib.parse import quote
 import httpx
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
-from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
+from tasks.clients.bounds import Deadline, answer_within, declared_size
 from tasks.clients.errors import (
     Call,
     ServiceError,
+    answered,
     error_from_response,
     first_bytes,
     is_transient_status,

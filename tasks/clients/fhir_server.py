@@ -14,13 +14,14 @@ import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
-from tasks.clients.bounds import MB, Body, Deadline, answer_within, answered
+from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     BODY_LIMIT,
     MAX_MESSAGE_CHARS,
     Call,
     ServiceError,
+    answered,
     error_from_response,
     first_bytes,
     json_or_none,

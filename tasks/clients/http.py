@@ -24,11 +24,10 @@ from tasks.clients.bounds import (
     MB,
     Deadline,
     answer_within,
-    answered,
     read_answer,
     within_deadlines,
 )
-from tasks.clients.errors import Call, raise_for_service_status
+from tasks.clients.errors import Call, answered, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.streams.fanout import pause, stopping
 
