@@ -55,53 +55,56 @@ def watching(flow_run_id: UUID) -> Iterator[None]:
 
     Note: its ``Cancelled`` leaves as ``DupflowError``.
     """
+    finish, ended = threading.Event(), list[str]()
     with cancel_scope() as cancel:
-        watch = _Watch(flow_run_id, cancel)
-        watch.start()
+        threading.Thread(
+            target=watch,
+            args=(flow_run_id, cancel, finish, ended),
+            name=f"watch flow run {flow_run_id}",
+            daemon=True,
+        ).start()
         try:
             yield
         except Cancelled:
-            if watch.ended is None:
+            if not ended:
                 raise
             raise DupflowError(
-                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran "
+                f"stopped: flow run {flow_run_id} ended ({ended[0]}) while this file task ran "
                 "on a Dask worker; its output was not written, and continuing the job does this "
                 "file again"
             ) from None
         finally:
-            watch.finish.set()
+            finish.set()
 
 
-class _Watch(threading.Thread):
-    def __init__(self, flow_run_id: UUID, cancel: Callable[[], None]):
-        super().__init__(name=f"watch flow run {flow_run_id}", daemon=True)
-        self.flow_run_id, self.cancel = flow_run_id, cancel
-        self.finish = threading.Event()
-        self.ended: str | None = None
-        self.attempt: int | None = None  # the run's run count when the watch began
+def watch(
+    flow_run_id: UUID, cancel: Callable[[], None], finish: threading.Event, ended: list[str]
+) -> None:
+    """Ask for the run's state until ``finish``; once over, say how in ``ended`` and ``cancel``."""
+    from prefect.client.orchestration import get_client
 
-    def run(self) -> None:
-        from prefect.client.orchestration import get_client
+    attempt: int | None = None  # the run's run count when the watch began
 
-        with get_client(sync_client=True) as client:
-            # at once too: the attempt the task belongs to
-            while (ended := self.over(client)) is None:
-                if self.finish.wait(WATCH_EVERY_SECONDS):
-                    return
-            self.ended = ended
-            log.warning("flow run %s ended (%s): stopping this file task", self.flow_run_id, ended)
-            self.cancel()
-
-    def over(self, client: Any) -> str | None:
+    def over(client: Any) -> str | None:
         """The run's state as ``name: message`` once over or retried, else None."""
+        nonlocal attempt
         try:
-            run = client.read_flow_run(self.flow_run_id)
+            run = client.read_flow_run(flow_run_id)
         except Exception:  # noqa: BLE001 - a server that does not answer stops nothing
             return None
-        self.attempt = run.run_count if self.attempt is None else self.attempt
+        attempt = run.run_count if attempt is None else attempt
         state = run.state
-        if run.run_count != self.attempt or (state is not None and state.is_pending()):
+        if run.run_count != attempt or (state is not None and state.is_pending()):
             return "a later attempt of the flow run began: the job was continued"
         if state is None or not (state.is_final() or state.is_cancelling()):
             return None
         return plain_text(f"{state.name}: {state.message}" if state.message else state.name)
+
+    with get_client(sync_client=True) as client:
+        # at once too: the attempt the task belongs to
+        while (found := over(client)) is None:
+            if finish.wait(WATCH_EVERY_SECONDS):
+                return
+        ended.append(found)
+        log.warning("flow run %s ended (%s): stopping this file task", flow_run_id, found)
+        cancel()
