@@ -9,7 +9,7 @@ import time
 from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 from pydantic import BaseModel, ValidationError
 
@@ -51,32 +51,25 @@ def send(step: StepInput) -> StepResult:
     mode = settings.services.send.send_as
     step.output_dir.mkdir(parents=True, exist_ok=True)
     files = step.input_files()
+    to_do = [FileToDo(f.name, f.size, (f.name,)) for f in files]
     if mode == "direct_resource_load":
         refuse_csv_input(files)
-        reports = send_files(send_files_direct, step, files)  # core first, as listed
+        reports = map_batches(send_files_direct, step, to_do)  # core first, as listed
         summary = {
             "transactions": sum(r["batches"] for r in reports),
             "entries": sum(r["entries"] for r in reports),
         }
     elif mode == "transfer_load":
-        binaries = [r["binary"] for r in send_files(send_files_binary, step, files)]
+        binaries = [r["binary"] for r in map_batches(send_files_binary, step, to_do)]
         document = commit_each(send_document_reference, step, binaries)
         summary = {"document_reference": document, "binaries": binaries}
     else:  # s3_upload: the configuration requires send_as for the send step
-        reports = send_files(send_files_s3, step, files)
+        reports = map_batches(send_files_s3, step, to_do)
         summary = {
             "bucket": settings.services.send.s3.bucket,
             "objects": [r["key"] for r in reports],
         }
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
-
-
-def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[JsonObject]:
-    """Send ``files`` in batches of ``batch_task``.
-
-    Note: every finished batch is kept; the first failure is raised.
-    """
-    return map_batches(batch_task, step, [FileToDo(f.name, f.size, (f.name,)) for f in files])
 
 
 def fhir_server(step: StepInput) -> FhirServer:
