@@ -35,7 +35,7 @@ from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
-from tasks.job.layout import is_result_url, step_artifact_key
+from tasks.job.layout import is_result_url
 from tasks.job.steps import download_tracked
 from tasks.streams.progress import ProgressArtifact, expect_files
 from tasks.core.readable import counted
@@ -289,9 +289,7 @@ class ProgressReporter:
     """Polling progress in the log (when it changes) and as a progress artifact."""
 
     def __init__(self, step: StepInput):
-        self._artifact = ProgressArtifact(
-            step_artifact_key(step.job_id, step.position, step.step, "progress")
-        )
+        self._artifact = ProgressArtifact(step.artifact_key("progress"))
         self._last_text: str | None = None
         self._percent = 0.0
 

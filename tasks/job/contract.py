@@ -118,6 +118,10 @@ class StepInput(BaseModel):
         """
         return self.position + 1
 
+    def artifact_key(self, part: str) -> str:
+        """The step's artifact ``job-<id>-NN-<step>-<part>`` (``step_artifact_key``)."""
+        return step_artifact_key(self.job_id, self.position, self.step, part)
+
     @property
     def job_path(self) -> Path:
         return Path(self.job_dir)
@@ -271,7 +275,6 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
         @functools.wraps(function)
         def timed(step: StepInput) -> StepResult:
             started = time.monotonic()
-            key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             files = step.files
             work = StepWork(
                 files=len(files),
@@ -280,7 +283,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
             )
             remove_partial_files(step.output_dir)  # temporaries of a killed run: never resumed from
             try:
-                with step_progress(key, step.step, work):
+                with step_progress(step.artifact_key("progress"), step.step, work):
                     result = function(step)
             finally:
                 remove_partial_files(step.output_dir)

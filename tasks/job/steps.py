@@ -16,7 +16,6 @@ from config.settings import Settings
 from tasks.clients.downloads import download_ndjson
 from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import StepInput
-from tasks.job.layout import step_artifact_key
 from tasks.streams.fanout import ordered_map, raise_if_cancelled
 from tasks.streams.ndjson import CompressionLevel, FileStats
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
@@ -123,7 +122,7 @@ def write_answers(
 def publish_report(step: StepInput, rows: list[JsonObject], description: str) -> None:
     """The step's report artifact (``job-<id>-NN-<step>-report``): one row per file."""
     create_table_artifact(
-        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
+        key=step.artifact_key("report"),
         table=rows or [{"file": "(no files)"}],
         description=f"Step {step.position + 1} `{step.step}`: {description}",
     )
