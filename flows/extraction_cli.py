@@ -34,7 +34,7 @@ from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
 from tasks.core.names import SHOWN_NAME_CHARS, show_text
-from tasks.core.readable import plain_text
+from tasks.core.readable import counted, plain_text
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -320,7 +320,7 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
             | ({"patient_ids": list(patient_ids)} if args.ids else {})
         )
         return EXIT_OK
-    print(f"cohort size: {len(patient_ids)} patient{'s' if len(patient_ids) != 1 else ''}")
+    print(f"cohort size: {counted(len(patient_ids), 'patient')}")
     if args.ids:
         for patient_id in patient_ids:
             print(shown(patient_id))
