@@ -5,7 +5,6 @@ See docs/development.md#service-clients.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import hashlib
@@ -33,7 +32,7 @@ from tasks.core.json_shapes import JsonObject, as_object
 
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text, truncate
-from tasks.core.redaction import register_secret
+from tasks.core.redaction import basic_token, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
@@ -321,8 +320,7 @@ def basic_credentials(auth: AuthSettings) -> str | None:
     """
     if auth.username is None or auth.password is None:
         return None
-    login = f"{auth.username}:{auth.password.get_secret_value()}"
-    return base64.b64encode(login.encode()).decode("ascii")
+    return basic_token(f"{auth.username}:{auth.password.get_secret_value()}")
 
 
 class ServiceAuth(httpx.Auth):
