@@ -371,13 +371,13 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
     with transaction(commit_mode=CommitMode.EAGER):
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
-        run: Task[..., R] = stored_in_job(call, step)
         given = [quote(arg) if isinstance(arg, list) else arg for arg in args]
-        state = run(step, *given, return_state=True, **kwargs)
-        if files_gone(state, step.output_dir):
-            state = stored_in_job(call, step, refresh=True)(
-                step, *given, return_state=True, **kwargs
-            )
+        # a refreshed run is never a cache hit: the second pass ends the loop
+        for refresh in (False, True):
+            run: Task[..., R] = stored_in_job(call, step, refresh)
+            state = run(step, *given, return_state=True, **kwargs)
+            if not files_gone(state, step.output_dir):
+                break
         result: R = state.result()
         forget_links(result)
         return result
