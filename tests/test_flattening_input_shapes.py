@@ -87,7 +87,7 @@ def test_an_attribute_listed_twice_gives_its_columns_once(tmp_path):
 def test_the_patient_column_of_a_type_that_names_its_patient_patient(kind):
     url = f"https://example.org/{kind}"
     columns = {"viewDefinition": {"column": [{"name": "status", "path": "status"}]}}
-    table = LookupTable(url, kind, {f"{kind}.status": columns}, {})
+    table = LookupTable(kind, {f"{kind}.status": columns}, {})
     view = build_view(AttributeGroup("g", kind, url, kind, [f"{kind}.status"]), table).view
     resource = {"resourceType": kind, "id": "r1", "patient": {"reference": "Patient/p1"}, "status": "active"}
     assert list(compile_view(view).rows(resource)) == [("r1", "Patient/p1", "active")]

@@ -30,7 +30,6 @@ left out."""
 
 @dataclass(frozen=True)
 class LookupTable:
-    url: str
     resource_type: str
     elements: dict[str, JsonObject]
     parents: dict[str, str]
@@ -133,7 +132,7 @@ def _table(table: JsonObject, problems: list[str]) -> LookupTable:
                 )
             else:
                 parent_of[child] = element_id
-    in_table = LookupTable(url, table["resourceType"], elements, parent_of)
+    in_table = LookupTable(table["resourceType"], elements, parent_of)
     for element_id in elements:
         select = in_table.in_iterations(element_id, in_table.snippet(element_id))
         try:  # the snippet as a select on its own (FHIRPath that parses, columns)
