@@ -247,8 +247,9 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
 
 
 def _expanded(table: LookupTable, element_id: str) -> JsonObject:
-    snippet = copy.deepcopy(table.snippet(element_id))
-    if children := [_expanded(table, child) for child in table.children(element_id)]:
+    element = table.elements[element_id]
+    snippet: JsonObject = copy.deepcopy(element["viewDefinition"])
+    if children := [_expanded(table, child) for child in element.get("children", [])]:
         snippet["select"] = snippet.get("select", []) + children  # a list: LOOKUP_SCHEMA
     return snippet
 

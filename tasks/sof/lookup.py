@@ -34,13 +34,6 @@ class LookupTable:
     elements: dict[str, JsonObject]
     parents: dict[str, str]
 
-    def snippet(self, element_id: str) -> JsonObject:
-        snippet: JsonObject = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
-        return snippet
-
-    def children(self, element_id: str) -> list[str]:
-        return list(self.elements[element_id].get("children", []))
-
     def ancestors(self, element_id: str) -> list[str]:
         """The element's ancestors, outermost first; none where they cycle or nest too deep.
 
@@ -56,7 +49,7 @@ class LookupTable:
     def in_iterations(self, element_id: str, select: JsonObject) -> JsonObject:
         """``select`` in each ``forEach`` / ``forEachOrNull`` of the element's ancestors."""
         for ancestor in reversed(self.ancestors(element_id)):
-            snippet = self.snippet(ancestor)
+            snippet = self.elements[ancestor]["viewDefinition"]  # an object: LOOKUP_SCHEMA
             if iteration := {k: v for k, v in snippet.items() if k in ("forEach", "forEachOrNull")}:
                 select = {**iteration, "select": [select]}
         return select
@@ -133,8 +126,8 @@ def _table(table: JsonObject, problems: list[str]) -> LookupTable:
             else:
                 parent_of[child] = element_id
     in_table = LookupTable(table["resourceType"], elements, parent_of)
-    for element_id in elements:
-        select = in_table.in_iterations(element_id, in_table.snippet(element_id))
+    for element_id, element in elements.items():
+        select = in_table.in_iterations(element_id, element["viewDefinition"])
         try:  # the snippet as a select on its own (FHIRPath that parses, columns)
             compile_view({"resource": table["resourceType"], "select": [select]})
         except ViewDefinitionError as exc:
