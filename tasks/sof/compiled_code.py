@@ -24,6 +24,8 @@ PARSED = frozenset({str, type(None), bool, int})
 """Values a column gives as they are from orjson's parse, which reads decimals as floats: objects
 (which may hold one) and floats are left to the decimal-keeping parse."""
 
+RowsOf = Callable[[Any], list[Row] | None]
+"""A generated function: the rows of a resource (or struct), None where it is not as planned."""
 Lines = list[str | Callable[[], str]]
 """Lines of source; a callable writes its lines when the source is made (a ``_Where``'s)."""
 IRREGULAR = "return None"
@@ -37,7 +39,7 @@ def generated_rows(
     kept: frozenset[type] = KEPT,
     cells: bool = False,
     fields: dict[str, str] | None = None,
-) -> Callable[[Any], list[Row] | None] | None:
+) -> RowsOf | None:
     """``root``'s rows (a ``Select``) as one generated function, or None outside it.
 
     Note: a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each

@@ -20,7 +20,7 @@ from typing import Any, TypeGuard
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
-from tasks.sof.compiled_code import PARSED, generated_rows
+from tasks.sof.compiled_code import PARSED, RowsOf, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
@@ -226,12 +226,12 @@ class CompiledView:
         )
 
     @cached_property
-    def parsed_rows(self) -> Callable[[JsonObject], list[Row] | None] | None:
+    def parsed_rows(self) -> RowsOf | None:
         """Generated rows of a resource as orjson parses it; None if one reads a decimal."""
         return self._generated()
 
     @cached_property
-    def csv_rows(self) -> Callable[[JsonObject], list[Row] | None] | None:
+    def csv_rows(self) -> RowsOf | None:
         """``parsed_rows`` as CSV cells: all strings, ``CsvWriter`` joins them as they are."""
         return self._generated(cells=True)
 
@@ -240,7 +240,7 @@ class CompiledView:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
-    def _generated(self, cells: bool = False) -> Callable[[JsonObject], list[Row] | None] | None:
+    def _generated(self, cells: bool = False) -> RowsOf | None:
         if self.where or self.root.indexed:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
