@@ -53,15 +53,9 @@ Ctx = dict[str, Any]
 
 
 class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ships no types
-    def syntaxError(  # noqa: N802 - ANTLR's names
-        self,
-        recognizer: Any,
-        offendingSymbol: Any,  # noqa: N803
-        line: int,
-        column: int,
-        msg: str,
-        e: Any,
-    ) -> None:
+    def syntaxError(self, *args: Any) -> None:  # noqa: N802 - ANTLR's name
+        """ANTLR's (recognizer, offendingSymbol, line, column, msg, e): the column and message."""
+        column, msg = args[3:5]
         raise FhirPathError(f"column {column + 1}: {msg}")
 
 
