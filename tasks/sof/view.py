@@ -15,7 +15,7 @@ from decimal import Decimal
 from functools import cached_property, partial
 from itertools import chain, islice
 from math import prod
-from typing import Any, TypeGuard
+from typing import Any
 
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_text
@@ -183,17 +183,13 @@ def _part(produce: Callable[[], Iterable[Row]]) -> Part:
 
 def _product(head: Row, parts: list[Part]) -> Iterable[Row]:
     """``head`` joined with each combination of the parts' rows; lazy when many."""
-    if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
+    sizes = [len(part) for part in parts if not isinstance(part, _Reproduced)]
+    if len(sizes) < len(parts) or prod(sizes) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
     for part in parts:
         rows = [row + extra for row in rows for extra in part]
     return tuple(rows)
-
-
-def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple[Any, ...] | list[Any]]]:
-    """Whether every part holds its rows (none is reproduced), so each has a length."""
-    return _Reproduced not in map(type, parts)
 
 
 def _streamed_product(prefix: Row, parts: list[Part]) -> Iterator[Row]:
