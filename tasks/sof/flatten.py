@@ -231,8 +231,8 @@ class ParsedLine:
     Note: ``exact(resource)`` is one of its resources as the decimal-keeping parse gives it,
     for a view whose ``csv_rows`` does not take it."""
 
-    def __init__(self, source: Path):
-        self.source, self.number, self.line = source, 0, b""
+    def __init__(self) -> None:
+        self.source, self.number, self.line = Path(), 0, b""
         self.root: JsonObject | None = None
         self._exact: list[JsonObject] | None = None
 
@@ -326,7 +326,7 @@ def flatten_file(
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    parsed = ParsedLine(Path(plan.sources[0].path))
+    parsed = ParsedLine()  # its source set for each piece
     writers = [
         RowsWriter(work / g.csv_name, compiled_view(g.view_json), parsed) for g in plan.groups
     ]
