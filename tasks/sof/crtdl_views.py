@@ -146,7 +146,7 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
 def with_group_ids(crtdl: JsonObject) -> JsonObject:
     """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
     groups = as_object(crtdl.get("dataExtraction")).get("attributeGroups")
-    if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
+    if all(group.get("id") for group in as_objects(groups)):
         return crtdl
     completed = copy.deepcopy(crtdl)
     for group in as_objects(completed["dataExtraction"]["attributeGroups"]):
