@@ -17,7 +17,7 @@ from itertools import chain, islice
 from math import prod
 from typing import Any
 
-from tasks.core.json_shapes import JsonObject
+from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, RowsOf, generated_rows
@@ -305,7 +305,7 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         raise ViewDefinitionError(
             "the ViewDefinition has no resource (the FHIR resource type it reads)"
         )
-    if not isinstance(selects := view.get("select"), list) or not selects:
+    if not (selects := as_array(view.get("select"))):
         raise ViewDefinitionError("the ViewDefinition has no select")
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
@@ -366,7 +366,7 @@ def _iteration(spec: JsonObject, where: str) -> tuple[str | None, list[Any]]:
     iteration, expressions = iterations[0], spec[iterations[0]]
     if iteration != "repeat":
         return iteration, [expressions]
-    if not isinstance(expressions, list) or not expressions:
+    if not as_array(expressions):
         raise ViewDefinitionError(
             f"{where}.repeat must be a non-empty list of FHIRPath expressions"
         )
