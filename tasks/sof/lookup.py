@@ -35,7 +35,7 @@ class LookupTable:
     parents: dict[str, str]
 
     def ancestors(self, element_id: str) -> list[str]:
-        """The element's ancestors, outermost first; none where they cycle or nest too deep.
+        """The element's ancestors, its parent first; none where they cycle or nest too deep.
 
         Note: ``lookup_problems`` reports those."""
         chain: list[str] = []
@@ -44,11 +44,11 @@ class LookupTable:
                 return []
             chain.append(parent)
             element_id = parent
-        return chain[::-1]
+        return chain
 
     def in_iterations(self, element_id: str, select: JsonObject) -> JsonObject:
         """``select`` in each ``forEach`` / ``forEachOrNull`` of the element's ancestors."""
-        for ancestor in reversed(self.ancestors(element_id)):
+        for ancestor in self.ancestors(element_id):  # the innermost wraps it first
             snippet = self.elements[ancestor]["viewDefinition"]  # an object: LOOKUP_SCHEMA
             if iteration := {k: v for k, v in snippet.items() if k in ("forEach", "forEachOrNull")}:
                 select = {**iteration, "select": [select]}
