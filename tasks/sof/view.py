@@ -351,7 +351,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
     # ahead of any other, joined to the select's own columns: the same rows (names and null row are
     # set by now), fewer products.
-    while selects and _single_row(selects[0]):
+    while selects and not (selects[0].iteration or selects[0].selects or selects[0].union):
         columns += selects.pop(0).columns
     return Select(iteration, iterate, columns, selects, union, names, null_row)
 
@@ -387,10 +387,6 @@ def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> li
                 f"{union[0].names}: every branch must have the same columns in the same order"
             )
     return union
-
-
-def _single_row(select: Select) -> bool:
-    return select.iteration is None and not select.selects and not select.union
 
 
 def all_selects(root: Select) -> Iterator[Select]:
