@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import fcntl
 import io
@@ -188,6 +189,11 @@ def seed_prefect_home(home: Path, database: Path) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     if not TESTDATA.is_dir():
         raise pytest.UsageError(f"the tests read real third-party inputs from {TESTDATA}: put shared/ beside the clone")
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        # With PYTHONDONTWRITEBYTECODE=1 (as on CI's machines) every process a test starts would compile the modules
+        # it imports again, about 0.15 s each: compiled once here, in 0.4 s (up to date: nothing is written).
+        for package in ("flows", "tasks", "config", "deployments", "tests"):
+            compileall.compile_dir(REPO_ROOT / package, quiet=1)
 
 
 @pytest.fixture(scope="session")
