@@ -40,8 +40,8 @@ from tasks.sof.flatten import (
     Router,
     bare_routes,
     flatten_file,
-    has_group_provenance,
     parquet_file,
+    routes_by_provenance,
     routes_json,
 )
 from tasks.sof.output import CsvWriter, json_bytes
@@ -294,11 +294,6 @@ def routes_path(parts_dir: Path, name: str) -> Path:
     return parts_dir / f".{name}.routes.json"
 
 
-def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
-    """Tell whether any input routes resources by attribute-group Provenance."""
-    return any(has_group_provenance(path, max_line_bytes) for path in paths)
-
-
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
     """Flatten the input's pieces in cached batches, then join the parts into the CSVs.
 
@@ -448,9 +443,8 @@ def flatten_with_service(
     per_group = budget // max(len(views), 1)
     outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    groups = [(v.group.id, v.resource_type) for v in views]
-    selections = [v.selection for v in views]
-    router = Router(groups, [g.id for g in skipped], outs, by_provenance, outcome, selections)
+    groups = [(v.group.id, v.resource_type, v.selection) for v in views]
+    router = Router(groups, [g.id for g in skipped], outs, by_provenance, outcome)
     try:
         with engine_errors_as_step_errors():
             for path in paths:

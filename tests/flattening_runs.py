@@ -29,9 +29,9 @@ from tasks.flattening import (
     pieces_plan,
     plan_pieces,
     plan_views,
-    routes_by_provenance,
 )
 from tasks.job.flattening_plan import remember_plan
+from tasks.sof.flatten import routes_by_provenance
 from tasks.job.flattening_outcome import FlattenOutcome
 from tasks.streams.processes import worker_pool
 from tasks.streams.spans import SPAN_MIN_BYTES

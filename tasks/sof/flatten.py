@@ -63,9 +63,11 @@ def add_routes(routes: Routes, provenance: JsonObject) -> None:
             routes[key] = routes.get(key, set()) | set(groups)
 
 
-def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
-    """Whether any line of the file mentions the attribute-group system."""
-    return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
+def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
+    """Tell whether any line of the inputs mentions the attribute-group system."""
+    return any(
+        _GROUP_MARKER in line for path in paths for _, line in iter_lines(path, max_line_bytes)
+    )
 
 
 def bare_routes(path: Path, max_line_bytes: int) -> Routes:
@@ -106,24 +108,23 @@ class RouteCounts:
 class Router:
     """Sends each resource to the engines of its groups, counting what goes where.
 
-    Note: groups are ``(group id, resource type)``; ``resources`` per group (in group
-    order), what no group took in ``counts``. Without Provenance, a group takes what its
-    ``selections`` entry (``Selection()``: any of its type) takes."""
+    Note: groups are ``(group id, resource type, selection)``; ``resources`` per group (in
+    group order), what no group took in ``counts``. Without Provenance, a group takes what its
+    selection (``Selection()``: any of its type) takes."""
 
     def __init__(
         self,
-        groups: list[tuple[str, str]],
+        groups: list[tuple[str, str, Selection]],
         skipped_ids: Iterable[str],
         engines: Sequence[Engine],
         by_provenance: bool,
         counts: RouteCounts,
-        selections: list[Selection],
     ):
-        self.index = {group: i for i, (group, _) in enumerate(groups)}
+        self.index = {group: i for i, (group, _, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
         self.by_type: dict[str, list[tuple[int, Selection]]] = {}
-        for i, (_, kind) in enumerate(groups):
-            self.by_type.setdefault(kind, []).append((i, selections[i]))
+        for i, (_, kind, selection) in enumerate(groups):
+            self.by_type.setdefault(kind, []).append((i, selection))
         self.engines, self.by_provenance = engines, by_provenance
         self.counts = counts
         self.resources = [0] * len(groups)
@@ -330,10 +331,9 @@ def flatten_file(
     writers = [
         RowsWriter(work / g.csv_name, compiled_view(g.view_json), parsed) for g in plan.groups
     ]
-    groups = [(g.id, g.resource_type) for g in plan.groups]
-    selections = [g.selection for g in plan.groups]
+    groups = [(g.id, g.resource_type, g.selection) for g in plan.groups]
     counts = RouteCounts()
-    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, counts, selections)
+    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, counts)
     lines = 0
     try:
         for piece in plan.sources:
