@@ -15,7 +15,7 @@ import orjson
 
 from config.settings import Settings
 from tasks.clients.flattener import Flattener
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import FileToDo, run_batches
@@ -89,7 +89,7 @@ def flattening(step: StepInput) -> StepResult:
             "flattening",
             config.service_url,
             None,
-            http_timeout(config.timeout),
+            config.timeout,
             setting="services.flattening.service_url",
         )
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:

@@ -10,7 +10,7 @@ import httpx
 from config.services import STALL_TIMEOUT
 from config.settings import Settings
 from tasks.clients.downloads import safe_file_name
-from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.job.contract import (
     DataFile,
     StepInput,
@@ -42,7 +42,7 @@ def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
 
 
 def fetch_ndjson(url: str, dest: Path, settings: Settings) -> FileStats:
-    endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
+    endpoint = ServiceEndpoint("http_import", origin(url), None, STALL_TIMEOUT)
     with build_client(endpoint, settings.tls) as client:
         return download_tracked(client, url, dest, settings, STALL_TIMEOUT)
 

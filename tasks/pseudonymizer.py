@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.pseudonymizer import (
     CONFIG_KEY,
     AnonymizationConfig,
@@ -145,7 +145,7 @@ def pseudonymize_with_service(
         "pseudonymizer",
         configured.url,
         configured.auth,
-        http_timeout(configured.timeout),
+        configured.timeout,
         max(100, configured.max_concurrent_requests),
         setting="services.pseudonymizer.url",
     )

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.bounds import MB
 from tasks.clients.validator import (
     Chunk,
@@ -134,7 +134,7 @@ def validate_with_service(
         "validation",
         service.url,
         None,
-        http_timeout(READ_TIMEOUT),
+        READ_TIMEOUT,
         max(100, service.max_concurrent_requests),
         setting="services.validation.url",
     )

@@ -14,7 +14,7 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.bounds import Deadline
 from tasks.clients.errors import ServiceError, parse_retry_after
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.streams.fanout import Cancelled, cancel_scope
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
@@ -164,7 +164,7 @@ def test_connection_reset_is_retried(sleep):
 
 def test_read_timeout_is_transient_and_retried(sleep):
     with serve(Reply(delay=0.5)) as server:
-        endpoint = ServiceEndpoint("flattener", server.base_url, timeout=http_timeout(timedelta(seconds=0.1)))
+        endpoint = ServiceEndpoint("flattener", server.base_url, timeout=timedelta(seconds=0.1))
         with ServiceClient(endpoint, TLS, RETRY, sleep=sleep) as client:
             response = client.request("POST", "/$flatten", operation="flatten")
 

@@ -30,7 +30,7 @@ from tasks.clients.downloads import DownloadError, download_ndjson, safe_file_na
 from tasks.clients.errors import ServiceError
 from tasks.core.redaction import redact, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
-from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import read_json_file, read_settings_file
@@ -312,7 +312,7 @@ def truncating_server(*, truncate: int, chunked: bool) -> LoopbackServer:
 
 
 def download(server: LoopbackServer, dest: Path, retry: RetrySettings = QUICK_RETRY):
-    endpoint = ServiceEndpoint("http_import", server.base_url, None, http_timeout(timedelta(seconds=10)))
+    endpoint = ServiceEndpoint("http_import", server.base_url, None, timedelta(seconds=10))
     with build_client(endpoint, TLS) as client:
         return download_ndjson(
             client,
@@ -370,7 +370,7 @@ class DrippingHandler(BaseHTTPRequestHandler):
 def test_the_pseudonymizer_timeout_bounds_the_whole_request(tmp_path) -> None:
     stop = threading.Event()
     with LoopbackServer(DrippingHandler, stop) as server:
-        endpoint = ServiceEndpoint("pseudonymizer", server.base_url, None, http_timeout(timedelta(seconds=1)))
+        endpoint = ServiceEndpoint("pseudonymizer", server.base_url, None, timedelta(seconds=1))
 
         def pseudonymize() -> None:
             with ServiceClient(endpoint, TLS, NO_RETRY) as client:

@@ -29,7 +29,7 @@ from tasks.clients.errors import ServiceError
 from tasks.core.redaction import RedactingFilter, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.validator import Validator, iter_chunks
 from tasks.core.errors import StepError
 from tests.support.ndjson import iter_resources
@@ -221,7 +221,7 @@ def one_chunk():
 
 
 def validate_chunk(server: LoopbackServer, **options: Any) -> dict[str, Any]:
-    endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(READ_TIMEOUT))
+    endpoint = ServiceEndpoint("validation", server.base_url, None, READ_TIMEOUT)
     with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
         return Validator(client, **options).validate(one_chunk(), "a.ndjson")
 
@@ -321,7 +321,7 @@ PATIENT_IDS = orjson.dumps(
 
 
 def flattener(server: LoopbackServer, **options: Any) -> ServiceClient:
-    endpoint = ServiceEndpoint("flattening", server.base_url, None, http_timeout(READ_TIMEOUT))
+    endpoint = ServiceEndpoint("flattening", server.base_url, None, READ_TIMEOUT)
     return ServiceClient(endpoint, TlsSettings(), FAST_RETRY)
 
 

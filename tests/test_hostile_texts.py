@@ -18,7 +18,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.auth import TokenSource
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.validator import read_findings
 from tasks.core.errors import StepError
 from tasks.send import send_resources
@@ -40,7 +40,7 @@ def outcome(text: str, **issue: object) -> dict:
 def test_a_services_error_text_is_plain_in_any_clients_error():
     state = EchoState(replies=[Reply(503, body=json.dumps(outcome(HOSTILE)).encode())])
     with LoopbackServer(EchoHandler, state) as server:
-        endpoint = ServiceEndpoint("validator", server.base_url, AuthSettings(), http_timeout(timedelta(seconds=10)))
+        endpoint = ServiceEndpoint("validator", server.base_url, AuthSettings(), timedelta(seconds=10))
         with ServiceClient(endpoint, TlsSettings(), NO_RETRY) as client, pytest.raises(ServiceError) as caught:
             client.request("GET", "/x", operation="validate")
     assert plain(str(caught.value)) and "disk [2J ]0;owned full 12:00:00 INFO all sent exe.gnp" in str(caught.value)

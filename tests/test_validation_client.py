@@ -10,7 +10,7 @@ import pytest
 
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.validator import (
     BODY_PREFIX,
     BODY_SUFFIX,
@@ -50,7 +50,7 @@ def entries(chunk: Chunk) -> list[dict[str, Any]]:
 
 
 def validate(server: LoopbackServer, chunk: Chunk, read_timeout: float = 10) -> dict[str, Any]:
-    endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(timedelta(seconds=read_timeout)))
+    endpoint = ServiceEndpoint("validation", server.base_url, None, timedelta(seconds=read_timeout))
     with ServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
         return Validator(client).validate(chunk, "a.ndjson")
 

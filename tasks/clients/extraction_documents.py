@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
-from tasks.clients.http import ServiceEndpoint, http_timeout
+from tasks.clients.http import ServiceEndpoint
 from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
@@ -148,7 +148,7 @@ def endpoint_of(settings: ExtractorSettings, timeout: timedelta) -> ServiceEndpo
         SERVICE,
         settings.base_url.rstrip("/"),
         settings.auth,
-        http_timeout(timeout),
+        timeout,
         setting=BASE_URL_SETTING,
     )
 

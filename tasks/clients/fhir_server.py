@@ -32,7 +32,6 @@ from tasks.clients.http import (
     Closing,
     ServiceClient,
     ServiceEndpoint,
-    http_timeout,
 )
 from tasks.clients.retry import call_with_retry
 from tasks.core.readable import plain_text, truncate
@@ -130,9 +129,8 @@ class FhirServer(Closing):
 
         Note: ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults.
         """
-        timeout = http_timeout(SEND_TIMEOUT)
         endpoint = ServiceEndpoint(
-            SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url"
+            SERVICE_NAME, send.url or "", send.auth, SEND_TIMEOUT, setting="services.send.url"
         )
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 

@@ -16,7 +16,7 @@ from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
 from tasks.core.redaction import redact
-from tasks.clients.http import ServiceClient, read_seconds
+from tasks.clients.http import ServiceClient
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
 
@@ -44,7 +44,7 @@ class Flattener:
         self._deadline = (
             deadline.total_seconds()
             if deadline is not None
-            else read_seconds(client.endpoint.timeout)
+            else client.endpoint.timeout.total_seconds()
         )
 
     def check(self) -> None:

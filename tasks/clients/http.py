@@ -12,7 +12,7 @@ import logging
 import ssl
 from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self
 
@@ -64,11 +64,6 @@ def http_timeout(read: timedelta) -> httpx.Timeout:
     )
 
 
-def read_seconds(timeout: httpx.Timeout) -> float:
-    assert timeout.read is not None, "http_timeout always sets the read timeout"
-    return timeout.read
-
-
 @dataclass(frozen=True)
 class ServiceEndpoint:
     """Where a service lives and how to log in; ``name`` is said in logs and errors."""
@@ -76,7 +71,7 @@ class ServiceEndpoint:
     name: str
     base_url: str
     auth: AuthSettings | None = None
-    timeout: httpx.Timeout = field(default_factory=lambda: http_timeout(timedelta(seconds=30)))
+    timeout: timedelta = timedelta(seconds=30)
     # httpx's default; more requests in flight wait for one within their timeout
     max_connections: int = 100
     setting: str | None = None
@@ -131,7 +126,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         headers=AS_SENT,
         auth=auth,
         verify=verify,
-        timeout=endpoint.timeout,
+        timeout=http_timeout(endpoint.timeout),
         limits=httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
         event_hooks={

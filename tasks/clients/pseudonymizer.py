@@ -24,7 +24,7 @@ from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import BODY_LIMIT
 from tasks.core.redaction import redact
-from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient, read_seconds
+from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
@@ -119,11 +119,11 @@ class Pseudonymizer:
         split_threshold_mb: int = 10,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        """Send through ``client``, each whole request within the client's read timeout.
+        """Send through ``client``, each whole request within its endpoint's timeout.
 
-        Note: ``http_timeout`` sets that to the configured ``services.pseudonymizer.timeout``.
+        Note: that is the configured ``services.pseudonymizer.timeout``.
         """
-        seconds = read_seconds(client.http.timeout)
+        seconds = client.endpoint.timeout.total_seconds()
         self._send = functools.partial(
             client.request,
             "POST",
