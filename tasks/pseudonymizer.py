@@ -146,7 +146,7 @@ def pseudonymize_with_service(
         configured.url,
         configured.auth,
         configured.timeout,
-        max(100, configured.max_concurrent_requests),
+        configured.max_concurrent_requests,
         setting="services.pseudonymizer.url",
     )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:

@@ -135,7 +135,7 @@ def validate_with_service(
         service.url,
         None,
         READ_TIMEOUT,
-        max(100, service.max_concurrent_requests),
+        service.max_concurrent_requests,
         setting="services.validation.url",
     )
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:

@@ -72,7 +72,7 @@ class ServiceEndpoint:
     base_url: str
     auth: AuthSettings | None = None
     timeout: timedelta = timedelta(seconds=30)
-    # httpx's default; more requests in flight wait for one within their timeout
+    # at least httpx's default 100; more requests in flight wait for one within their timeout
     max_connections: int = 100
     setting: str | None = None
     """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing
@@ -127,7 +127,9 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
         auth=auth,
         verify=verify,
         timeout=http_timeout(endpoint.timeout),
-        limits=httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
+        limits=httpx.Limits(
+            max_connections=max(100, endpoint.max_connections), max_keepalive_connections=20
+        ),
         follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
         event_hooks={
             "request": [auth.check_request],
