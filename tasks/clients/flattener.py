@@ -41,11 +41,7 @@ class Flattener:
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client, self._service = client, client.endpoint.name
-        self._deadline = (
-            deadline.total_seconds()
-            if deadline is not None
-            else client.endpoint.timeout.total_seconds()
-        )
+        self._deadline = (client.endpoint.timeout if deadline is None else deadline).total_seconds()
 
     def check(self) -> None:
         """Raise ``StepError`` unless the service lists ``$run`` on ViewDefinition.

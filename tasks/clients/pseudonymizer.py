@@ -123,12 +123,13 @@ class Pseudonymizer:
 
         Note: that is the configured ``services.pseudonymizer.timeout``.
         """
-        seconds = client.endpoint.timeout.total_seconds()
         self._send = functools.partial(
             client.request,
             "POST",
             DE_IDENTIFY_PATH,
-            deadline=functools.partial(Deadline, seconds, DEADLINE_SETTING),
+            deadline=functools.partial(
+                Deadline, client.endpoint.timeout.total_seconds(), DEADLINE_SETTING
+            ),
             max_answer_bytes=max_answer_bytes,
             too_large_hint=TOO_LARGE_ANSWER_HINT,
             headers=FHIR_JSON_HEADERS,
