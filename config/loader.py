@@ -33,7 +33,7 @@ from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.json_shapes import JsonObject
-from tasks.core.redaction import basic_token, hide_secret_parameters, register_secret
+from tasks.core.redaction import hide_secret_parameters, register_secret
 from tasks.core.url_credentials import (
     CredentialsInUrlError,
     has_user_info,
@@ -330,7 +330,7 @@ def register_secrets(settings: Settings) -> list[str]:
         settings.services.pseudonymizer.auth,
         settings.services.send.auth,
     ):
-        if auth.username is not None and auth.password is not None:  # uses_basic, narrowing both
-            # the password is registered above; an echoed header shows the pair's token
-            register_secret(basic_token(f"{auth.username}:{auth.password.get_secret_value()}"))
+        # the password is registered above; an echoed header shows the pair's token
+        if (basic := auth.basic_header_token) is not None:
+            register_secret(basic)
     return warnings

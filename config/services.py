@@ -32,6 +32,7 @@ from config.fields import (
 )
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import show_name
+from tasks.core.redaction import basic_token
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token: a header name
 
@@ -77,6 +78,17 @@ class AuthSettings(ConfigModel):
     @property
     def uses_basic(self) -> bool:
         return self.username is not None and self.password is not None
+
+    @property
+    def basic_header_token(self) -> str | None:
+        """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth; None without.
+
+        Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
+        quoting a character of it.
+        """
+        if self.username is None or self.password is None:
+            return None
+        return basic_token(f"{self.username}:{self.password.get_secret_value()}")
 
     @property
     def uses_oauth(self) -> bool:

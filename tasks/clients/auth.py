@@ -32,7 +32,7 @@ from tasks.core.json_shapes import JsonObject, as_object
 
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text, truncate
-from tasks.core.redaction import basic_token, register_secret
+from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
@@ -312,17 +312,6 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
         return _token_sources.setdefault(key, TokenSource(issuer, client_id, secret, verify))
 
 
-def basic_credentials(auth: AuthSettings) -> str | None:
-    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth; None without.
-
-    Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
-    quoting a character of it.
-    """
-    if auth.username is None or auth.password is None:
-        return None
-    return basic_token(f"{auth.username}:{auth.password.get_secret_value()}")
-
-
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
@@ -344,7 +333,7 @@ class ServiceAuth(httpx.Auth):
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
-            elif (credentials := basic_credentials(auth)) is not None:
+            elif (credentials := auth.basic_header_token) is not None:
                 self._headers["Authorization"] = "Basic " + credentials
             if auth.api_key is not None:
                 self._headers[auth.api_key_header] = auth.api_key.get_secret_value()

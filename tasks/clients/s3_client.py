@@ -31,7 +31,6 @@ from botocore.exceptions import (
 from botocore.utils import get_environ_proxies
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
-from tasks.clients.auth import basic_credentials
 from tasks.clients.http import INSECURE_WARNING, http_timeout, trusted_context
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -88,7 +87,7 @@ def make_s3_client(
                 **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
-    if (credentials := basic_credentials(send.auth)) is not None:
+    if (credentials := send.auth.basic_header_token) is not None:
         refuse_proxy_auth_beyond_the_proxy(send)
         client.meta.events.register("before-send.s3", ProxyAuthorization(credentials))
     log.info(
@@ -216,7 +215,7 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
     """Return each s3_upload credential, in each form an error text could hold it."""
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
-    return tuple(secret for secret in [*secrets, basic_credentials(send.auth)] if secret)
+    return tuple(secret for secret in [*secrets, send.auth.basic_header_token] if secret)
 
 
 def service_error(
