@@ -9,7 +9,6 @@ from itertools import islice
 from typing import Any
 
 from tasks.sof.compiled_code import KEPT, column_plan, generated_rows
-from tasks.sof.fhirpath import Plan, plain
 from tasks.sof.shapes import Row
 
 Select = Any  # a tasks.sof.view.Select, and below a Column (view imports this module)
@@ -18,9 +17,6 @@ Column = Any
 Rows = list[Row] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
-_IRREGULAR = object()
-"""What a key walk gives when the data leaves the planned shape: the column is read the general
-way."""
 
 
 def compile_rows(select: Select, limit: int) -> RowsAt:
@@ -107,24 +103,18 @@ def _row_reader(columns: list[Column]) -> Value:
 
     Note: where each is one member key at that focus type, the keys are looked up at once
     (values ``plain`` keeps as they are); else column by column."""
-    planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
+    planned: dict[Any, tuple[str, ...] | None] = {}
 
     def read(data: Any, path: Any, env: Any) -> Row:
         try:
-            keys, walks = planned[path]
+            keys = planned[path]
         except KeyError:
-            walks = [_key_walk(column_plan(column, path)) for column in columns]
-            keys, walks = planned[path] = single_keys(columns, path), walks
+            keys = planned[path] = single_keys(columns, path)
         if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
                 return row
-        return tuple(
-            [
-                _value(walk, column, data, path, env)
-                for walk, column in zip(walks, columns, strict=True)
-            ]
-        )
+        return tuple([column.value(data, path, env) for column in columns])
 
     return read
 
@@ -137,32 +127,3 @@ def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
             return None
         keys.append(plan.key)
     return tuple(keys)
-
-
-def _value(
-    walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any
-) -> Any:
-    if walk is not None and (found := walk(data)) is not _IRREGULAR:
-        return found if found is None or type(found) is str else plain(found)
-    return column.value(data, path, env)
-
-
-def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
-    """The plan as a walk over dicts giving one value or None; None without a plan.
-
-    Note: ``_IRREGULAR`` where the data is not shaped as planned."""
-    if plan is None:
-        return None
-    steps = tuple((key, at) for _, key, _, at in plan.operations)
-
-    def walk(data: Any) -> Any:
-        for key, at in steps:
-            if type(data) is not dict:
-                return _IRREGULAR if isinstance(data, list | dict) else None
-            if "resourceType" in data and data["resourceType"] != at:
-                return _IRREGULAR
-            if (data := data.get(key)) is None:
-                return None
-        return _IRREGULAR if isinstance(data, list) else data
-
-    return walk
