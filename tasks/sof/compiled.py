@@ -1,7 +1,7 @@
 """A view's selects compiled to closures that give a resource's rows as one list.
 
-``compile_rows(select, limit)`` gives ``rows(data, path, env)``: ``Select.rows``' rows in its order,
-or None beyond ``limit`` (the caller then takes the general, lazy way). See docs/development.md,
+``compile_rows(select)`` gives ``rows(data, path, env)``: ``Select.rows``' rows in its order, or
+None beyond ``CACHED_ROWS`` (the caller then takes the general, lazy way). See docs/development.md,
 "The SQL-on-FHIR engine"."""
 
 from collections.abc import Callable, Iterable
@@ -17,18 +17,20 @@ Column = Any
 Rows = list[Row] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
+CACHED_ROWS = 10_000
+"""Rows of a resource the closures give at most, and the general way keeps as a list."""
 
 
-def compile_rows(select: Select, limit: int) -> RowsAt:
-    """``select``'s rows at a focus as a list; None for more than ``limit``."""
+def compile_rows(select: Select) -> RowsAt:
+    """``select``'s rows at a focus as a list; None for more than ``CACHED_ROWS``."""
     if select.iteration == "repeat":  # the general way's rows: its bound stays there
 
         def repeated(data: Any, path: Any, env: Any) -> Rows:
-            found = list(islice(select.rows((data, path), env), limit + 1))
-            return found if len(found) <= limit else None
+            found = list(islice(select.rows((data, path), env), CACHED_ROWS + 1))
+            return found if len(found) <= CACHED_ROWS else None
 
         return repeated
-    rows_at = _rows_at(select, limit)
+    rows_at = _rows_at(select)
     if select.iteration is None:
         return rows_at
     null_rows = [select.null_row] if select.iteration == "forEachOrNull" else []
@@ -39,15 +41,15 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
             return list(null_rows)
         if len(elements) == 1:  # the usual case: its rows as they are
             return rows_at(elements[0][0], elements[0][1], env)
-        return _joined((rows_at(element, at, env) for element, at in elements), limit)
+        return _joined(rows_at(element, at, env) for element, at in elements)
 
     return rows
 
 
-def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
+def compile_view_rows(root: Select, resource_type: str) -> RowsAt:
     """The view's rows at a resource: the generated function's, else the closures'."""
-    closures = compile_rows(root, limit)
-    if (generated := generated_rows(root, resource_type, limit)) is None:
+    closures = compile_rows(root)
+    if (generated := generated_rows(root, resource_type, CACHED_ROWS)) is None:
         return closures
 
     def rows(data: Any, path: Any, env: Any) -> Rows:
@@ -57,14 +59,14 @@ def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
     return rows
 
 
-def _rows_at(select: Select, limit: int) -> RowsAt:
+def _rows_at(select: Select) -> RowsAt:
     """The product of the select's columns, nested selects' and unionAll's rows."""
     read = _row_reader(select.columns)
-    parts = [compile_rows(nested, limit) for nested in select.selects]
+    parts = [compile_rows(nested) for nested in select.selects]
     if select.union:  # the branches' rows one after the other
-        branches = [compile_rows(branch, limit) for branch in select.union]
+        branches = [compile_rows(branch) for branch in select.union]
         parts.append(
-            lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit)
+            lambda data, path, env: _joined(branch(data, path, env) for branch in branches)
         )
     if not parts:
         return lambda data, path, env: [read(data, path, env)]
@@ -80,7 +82,7 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
                 continue
             if rows is None:
                 rows = [row]
-            if len(rows) * len(extra) > limit:
+            if len(rows) * len(extra) > CACHED_ROWS:
                 return None
             rows = [left + more for left in rows for more in extra]
         return [row] if rows is None else rows
@@ -88,11 +90,11 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
     return rows_at
 
 
-def _joined(parts: Iterable[Rows], limit: int) -> Rows:
-    """The parts' rows in turn, each made when needed; None for more than ``limit``."""
+def _joined(parts: Iterable[Rows]) -> Rows:
+    """The parts' rows in turn, each made when needed; None for more than ``CACHED_ROWS``."""
     found: list[Row] = []
     for more in parts:
-        if more is None or len(found) + len(more) > limit:
+        if more is None or len(found) + len(more) > CACHED_ROWS:
             return None
         found += more
     return found

@@ -19,7 +19,7 @@ from typing import Any
 
 from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.names import show_text
-from tasks.sof.compiled import RowsAt, compile_view_rows
+from tasks.sof.compiled import CACHED_ROWS, RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, RowsOf, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
@@ -38,7 +38,6 @@ _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'")
 _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum", "sct", "loinc"}
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
-CACHED_ROWS = 10_000
 Focus = tuple[Any, TypePath]
 """What an expression is evaluated on: the element's JSON data and its FHIR type path."""
 
@@ -217,9 +216,7 @@ class CompiledView:
 
         Why: built at first use, as most views a job compiles are only checked.
         """
-        return (
-            None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
-        )
+        return None if self.root.indexed else compile_view_rows(self.root, self.resource)
 
     @cached_property
     def parsed_rows(self) -> RowsOf | None:

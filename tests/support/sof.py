@@ -107,7 +107,7 @@ def in_one_way(view: CompiledView, way: str) -> CompiledView:
     if way == "general" or view.root.indexed:
         return with_compiled(view, None)
     if way == "closures":
-        return with_compiled(view, compile_rows(view.root, CACHED_ROWS))
+        return with_compiled(view, compile_rows(view.root))
     generated = generated_rows(view.root, view.resource, CACHED_ROWS)
     return with_compiled(view, None if generated is None else lambda data, path, env: generated(data))
 
