@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from config.loader import load_settings
 from config.runtime import apply_process_defaults
 from config.yaml_file import names_secret_blocks
-from flows.jobs import check_new_job
+from flows.jobs import check_new_job, frozen_input
 from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
 
@@ -45,8 +45,7 @@ def main() -> None:
     from flows.pipeline import pipeline
 
     ensure_crash_detection()  # before a run's first heartbeat; if it cannot, each run says why
-    given = args.input
-    job_input = given if given is None or "://" in given else str(Path(given).resolve())
+    job_input = args.input and frozen_input(args.input)
     parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}
     # One job at a time: a restart's missed run and the current one are queued (the config's
     # default collision strategy, ENQUEUE), never two extractions at once.

@@ -142,8 +142,12 @@ def refuse_other_inputs(
 
 def same_input(given: str, recorded: str | None, path: bool) -> bool:
     """Whether ``given`` is ``recorded``; a ``path`` also as ``start`` froze it."""
-    frozen = path and "://" not in given and str(Path(given).expanduser().resolve()) == recorded
-    return given == recorded or frozen
+    return given == recorded or path and frozen_input(given) == recorded
+
+
+def frozen_input(job_input: str) -> str:
+    """A job input as a job records it: a URL as given, a path absolute with ``~`` expanded."""
+    return job_input if "://" in job_input else str(Path(job_input).expanduser().resolve())
 
 
 def refuse_unshowable_settings(record: JobRecord) -> None:
@@ -262,8 +266,7 @@ def new_job_plan(
     """
     refuse_unstorable_names(config_path, job_input, settings)
     config_path = str(Path(config_path).resolve()) if config_path else None
-    if job_input and "://" not in job_input:
-        job_input = str(Path(job_input).expanduser().resolve())
+    job_input = job_input and frozen_input(job_input)
     frozen = {
         **overrides,
         **absolute_path_overrides(settings),
