@@ -96,8 +96,9 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 }
 
 
-# the flags several commands take (argparse copies a default list it appends to)
+# the arguments several commands take (argparse copies a default list it appends to)
 FLAGS: dict[str, dict[str, Any]] = {
+    "job": {"help": "job id or job directory"},
     "--dir": {"help": "import directory (overrides services.local_import.dir)"},
     "--anonymization-config": {
         "help": "anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
@@ -142,8 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.set_defaults(command=cmd_start)
     register_continue(commands)
     status = commands.add_parser("status", help="show a job's steps, files and state")
-    status.add_argument("job", help="job id or job directory")
-    add_flags(status, "--jobs-dir", "--json")
+    add_flags(status, "job", "--jobs-dir", "--json")
     status.set_defaults(command=cmd_status)
     listing = commands.add_parser("list", help="list jobs, newest first")
     add_flags(listing, "--jobs-dir", "--json")
@@ -164,8 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 def register_continue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``continue``: resume a job, settle an extraction in doubt, note a gate."""
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
-    resume.add_argument("job", help="job id or job directory")
-    add_flags(resume, "--jobs-dir", "--no-progress")
+    add_flags(resume, "job", "--jobs-dir", "--no-progress")
     resume.add_argument(
         "--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"}
     )
