@@ -140,9 +140,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None) -> Selection:
     selection, now = Selection(), datetime.now(UTC)
     readable = readable_jobs(jobs_dir, selection)
-    for (paths, job), state in zip(
-        readable, current_states([paths for paths, _ in readable]), strict=True
-    ):
+    job_states = current_states(list(readable))
+    for paths, job in readable.items():
+        state = job_states[paths]
         changed_at = changed_time(paths)
         # both UTC
         too_recent = (
@@ -167,12 +167,12 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
     return selection
 
 
-def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, JobRecord]]:
+def readable_jobs(jobs_dir: Path, selection: Selection) -> dict[JobPaths, JobRecord]:
     """The jobs of ``jobs_dir`` in name order with their records.
 
     Note: each that must not be touched is kept, with why.
     """
-    readable = []
+    readable = {}
     for entry in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
         if not is_job_id(entry.name):
             continue
@@ -180,7 +180,7 @@ def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, 
             selection.protected.append((entry.name, "a symbolic link (never followed)"))
         elif JobPaths(entry).job_file.is_file():
             try:
-                readable.append((JobPaths(entry), read_record(entry)))
+                readable[JobPaths(entry)] = read_record(entry)
             except RecordError as exc:
                 selection.protected.append(
                     (entry.name, f"its job.json cannot be read (look at it yourself): {exc}")

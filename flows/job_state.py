@@ -110,13 +110,13 @@ class JobLock:
             self._fd = None
 
 
-def current_states(jobs: list[JobPaths]) -> list[str]:
+def current_states(jobs: list[JobPaths]) -> dict[JobPaths, str]:
     """Each job's state: its newest flow run's, as the UI shows it.
 
     Note: ``Unknown`` without one on this server.
     """
     runs = latest_runs(jobs)
-    return [run_state(runs.get(paths.job_id)) for paths in jobs]
+    return {paths: run_state(runs.get(paths.job_id)) for paths in jobs}
 
 
 def resume_hint(job_dir: Path) -> str:

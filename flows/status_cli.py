@@ -232,7 +232,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     readable = [paths for paths, job in jobs if isinstance(job, JobRecord)]
     if jobs:
         prefect_server.use_server()  # each job's state is its flow run's there
-    states = dict(zip(readable, current_states(readable), strict=True))
+    states = current_states(readable)
     if args.json:
         listed = [listed_job(paths, job, states.get(paths)) for paths, job in jobs]
         extraction_cli.print_json({"jobs_dir": str(jobs_dir.resolve()), "jobs": listed})

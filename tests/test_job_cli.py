@@ -564,8 +564,8 @@ def test_a_suspended_jobs_state_comes_from_its_own_directorys_runs_never_a_copys
     with get_client(sync_client=True) as client:
         client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(original.job_dir)], state=Suspended())
         client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Completed())
-    assert current_states([original]) == [SUSPENDED]
-    assert current_states([copy]) == ["Completed"]
+    assert current_states([original]) == {original: SUSPENDED}
+    assert current_states([copy]) == {copy: "Completed"}
 
 
 def job_with_a_probe_run(tmp_path: Path, state: Any) -> tuple[str, JobPaths, Any]:
