@@ -260,8 +260,6 @@ def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str]]:
     Note: a run is the directory's by its tags ``job-<id>`` and ``dir-…``; a run from before
     directories were tagged counts for every directory of its job.
     """
-    if prefect_api_url() is None:
-        return [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
