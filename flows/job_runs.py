@@ -49,10 +49,9 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> FlowRun
         )
         tags = [job_tag(job_id), directory_tag(paths.job_dir)]
         # Pending: no runner takes a run this process executes
-        run = client.create_flow_run_from_deployment(
+        return client.create_flow_run_from_deployment(
             deployment_id, parameters=parameters, name=job_id, tags=tags, state=Pending()
         )
-    return run
 
 
 def continued_job_run(job_id: str, paths: JobPaths, parameters: JsonObject) -> FlowRun:
