@@ -153,10 +153,11 @@ def latest_runs(jobs: list[JobPaths]) -> dict[str, JsonObject]:
     job_ids, newest = list(directories), dict[str, JsonObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
-        named: JSON = {"tags": {"any_": [job_tag(job_id) for job_id in page]}}
         # Newest first: the first run naming a job is its newest (a job may have more: a copy's,
         # earlier ones).
-        for run in newest_rows("/flow_runs/filter", flow_runs=named):
+        for run in newest_rows(
+            "/flow_runs/filter", flow_runs={"tags": {"any_": [job_tag(job_id) for job_id in page]}}
+        ):
             tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
@@ -223,11 +224,13 @@ def finished_steps(
     unreadable, why (not finished).
     """
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
-    of_run: JSON = {"id": {"any_": [run.get("id")]}}
-    named: JSON = {"name": {"any_": list(names)}}
     done: dict[int, StepRecord | str] = {}
     # Newest first: the first is the latest.
-    for task_run in newest_rows("/task_runs/filter", flow_runs=of_run, task_runs=named):
+    for task_run in newest_rows(
+        "/task_runs/filter",
+        flow_runs={"id": {"any_": [run.get("id")]}},
+        task_runs={"name": {"any_": list(names)}},
+    ):
         position = names.get(str(task_run.get("name")))
         if (
             position is None
