@@ -85,7 +85,7 @@ def send_file_direct(step: StepInput, name: str) -> JsonObject:
             step.input_path(name),
             step.output_dir,
             job_id=step.job_id,
-            batch_size=effective_batch_size(settings.services.send.batch_size),
+            batch_size=settings.services.send.batch_size,
             max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
         )
     return asdict(report)
@@ -137,10 +137,6 @@ def refuse_csv_input(files: list[DataFile]) -> None:
             f"input holds {', '.join(csv)}; put send before flattening in pipeline.enabled_steps, "
             "or send the CSV files with send_as transfer_load or s3_upload"
         )
-
-
-def effective_batch_size(batch_size: int) -> int:
-    return batch_size or DEFAULT_BATCH_SIZE
 
 
 @dataclass
@@ -206,7 +202,8 @@ def send_resources(
 ) -> DirectReport:
     """Send ``source`` in transactions, resuming from its progress record.
 
-    Note: the record is in ``records`` (the step's folder).
+    Note: the record is in ``records`` (the step's folder); a ``batch_size`` of 0 sends
+    ``DEFAULT_BATCH_SIZE`` entries a transaction.
     """
     started = time.monotonic()
     identity = input_identity(source, str(server.http.base_url))
@@ -218,7 +215,7 @@ def send_resources(
             log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
         for batch in iter_batches(
             source,
-            batch_size,
+            batch_size or DEFAULT_BATCH_SIZE,
             tag_prefix=f"{job_id}:{source.name}",
             max_line_bytes=max_line_bytes,
             start_line=progress.next_line,

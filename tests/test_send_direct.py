@@ -21,7 +21,7 @@ from tasks.clients.fhir_server import FhirServer
 from tasks.core.errors import StepError
 from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.clients.transaction_bundles import SEND_ENTRY_TAG_SYSTEM, entry_tag, iter_batches
-from tasks.send import effective_batch_size, refuse_csv_input, send, send_resources
+from tasks.send import refuse_csv_input, send, send_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
@@ -257,7 +257,7 @@ def test_a_file_written_anew_to_the_same_size_is_sent_again(fhir_fake, tmp_path)
 def test_batch_size_zero_means_one_hundred(fhir_fake, tmp_path):
     source = write_ndjson(tmp_path / "core.ndjson", generated(250, "z"))
 
-    report = send_file(fhir_fake.base_url, source, tmp_path / "send", batch_size=effective_batch_size(0))
+    report = send_file(fhir_fake.base_url, source, tmp_path / "send", batch_size=0)
 
     assert [len(t["entries"]) for t in fhir_fake.state.transactions] == [100, 100, 50]
     assert report.batches == 3
