@@ -244,7 +244,7 @@ class ExtractionTaskClient(ServiceClient):
 
     def read_task(self, job_id: str) -> JsonObject:
         operation = "read extraction job"
-        return document_of(self._job_request("GET", job_id, "", operation=operation), operation)
+        return document_of(self._job_request("GET", job_id, operation=operation), operation)
 
     def job(self, job_id: str) -> ExtractionJob:
         return ExtractionJob.from_task(self.read_task(job_id))
@@ -319,7 +319,6 @@ class ExtractionTaskClient(ServiceClient):
         return self._job_request(
             "PUT",
             job_id,
-            "",
             operation="set extraction job priority",
             content=json.dumps(update).encode(),
             headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
@@ -333,7 +332,7 @@ class ExtractionTaskClient(ServiceClient):
         files were left behind.
         """
         try:
-            self._job_request("DELETE", job_id, "", operation="delete extraction job", once=True)
+            self._job_request("DELETE", job_id, operation="delete extraction job", once=True)
         except ServiceError as exc:
             if exc.status_code != 500:
                 raise
@@ -366,7 +365,7 @@ class ExtractionTaskClient(ServiceClient):
         self,
         method: str,
         job_id: str,
-        suffix: str,
+        suffix: str = "",
         *,
         operation: str,
         **kwargs: Any,
