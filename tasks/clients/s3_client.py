@@ -110,8 +110,7 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
     """
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
-        raise ServiceError("connect to S3", None, message, service=SERVICE)
-    if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
+    elif endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
         message = (
             "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
             "services.send.s3.endpoint, but HTTPS_PROXY routes that https endpoint through a "
@@ -119,7 +118,9 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
             "store; set the proxy itself as services.send.s3.endpoint, or exempt the endpoint "
             "with NO_PROXY, or remove username/password from services.send.auth"
         )
-        raise ServiceError("connect to S3", None, message, service=SERVICE)
+    else:
+        return
+    raise ServiceError("connect to S3", None, message, service=SERVICE)
 
 
 _SESSION_LOCK = threading.Lock()
