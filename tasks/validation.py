@@ -5,7 +5,6 @@ See docs/development.md#steps.
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import orjson
@@ -18,6 +17,7 @@ from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.clients.bounds import MB
 from tasks.clients.validator import (
+    REQUEST_DEADLINE,
     Chunk,
     ValidationServiceError,
     Validator,
@@ -34,8 +34,6 @@ from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
 
 FIRST_ERRORS = 5
 """Error messages kept per file for the step's summary and artifact."""
-READ_TIMEOUT = timedelta(minutes=10)
-"""The validator is silent while it works on a chunk; a 10 MB chunk can take minutes."""
 REPORT_LINE_LIMIT = 1 << 30
 """Report lines hold a whole chunk's OperationOutcome; the NDJSON line limit is for input
 resources."""
@@ -134,7 +132,7 @@ def validate_with_service(
         "validation",
         service.url,
         None,
-        READ_TIMEOUT,
+        REQUEST_DEADLINE,  # a read waits as long as the whole chunk may take
         service.max_concurrent_requests,
         setting="services.validation.url",
     )

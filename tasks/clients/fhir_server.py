@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings, TlsSettings
 
 SERVICE_NAME = "FHIR server"
-# services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can
-# keep a server busy for minutes before it answers, so one read may take this long.
-SEND_TIMEOUT = timedelta(minutes=10)
 REQUEST_DEADLINE = timedelta(minutes=10)
-"""Whole-request deadline of one call (send, answer), plus the upload time of its body (below)."""
+"""Whole-request deadline of one call (send, answer), plus the upload time of its body (below).
+
+Note: also the read timeout: services.send has no timeout key, and a transaction of 1000 resources
+or a Binary of a large file can keep a server busy for minutes before it answers."""
 SLOWEST_UPLOAD_BYTES_PER_SECOND = MB
 """A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go
 out."""
@@ -130,7 +130,7 @@ class FhirServer(Closing):
         Note: ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults.
         """
         endpoint = ServiceEndpoint(
-            SERVICE_NAME, send.url or "", send.auth, SEND_TIMEOUT, setting="services.send.url"
+            SERVICE_NAME, send.url or "", send.auth, REQUEST_DEADLINE, setting="services.send.url"
         )
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
