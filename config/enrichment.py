@@ -30,7 +30,7 @@ from config.fields import (
     loc_path,
     raise_problems,
 )
-from tasks.core.jsonfile import JsonFileError, read_json_file
+from tasks.core.jsonfile import MAX_SETTINGS_FILE_BYTES, JsonFileError, read_json_file
 
 
 class _RuleModel(ConfigModel):
@@ -102,7 +102,6 @@ class _FileRule(_RuleBase):
 
 
 _ENRICHMENT_FILE = TypeAdapter(list[_FileRule])
-MAX_ENRICHMENT_FILE_BYTES = 16 * 1024 * 1024  # rules for every MII profile fit in a few KB
 
 
 def _file_error_text(error: ErrorDetails) -> str:
@@ -146,7 +145,8 @@ class CrtdlPreprocessingSettings(ConfigModel):
         if (path := self.enrichments_path) is not None:
             # written relative in the configuration file, it is absolute against its folder now
             try:
-                raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
+                # the rules for every MII profile fit in a few KB
+                raw = read_json_file(Path(path), MAX_SETTINGS_FILE_BYTES, path)
                 entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
             except JsonFileError as error:
                 problems = [str(error)]

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
-from tasks.clients.bounds import Deadline, answer_within, declared_size
+from tasks.clients.bounds import MB, Deadline, answer_within, declared_size
 from tasks.clients.errors import (
     Call,
     ServiceError,
@@ -72,9 +72,9 @@ POLL_TIMEOUT = timedelta(seconds=30)
 # A completed job's manifest: ~150 bytes per output entry, so 32 MiB holds over 200,000 entries
 # (more than the default services.extractor.max_result_files of 100,000) and is refused long before
 # it costs much memory.
-MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+MAX_MANIFEST_BYTES = 32 * MB
 # Any other status answer (progress, errors): only its first MiB is read.
-MAX_STATUS_BODY_BYTES = 1024 * 1024
+MAX_STATUS_BODY_BYTES = MB
 # One status poll (or Task read) in all, at most: a status answer is a few KB, a manifest at most
 # MAX_MANIFEST_BYTES.
 POLL_DEADLINE = timedelta(minutes=2)

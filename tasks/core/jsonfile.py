@@ -14,7 +14,7 @@ from tasks.core.json_shapes import JSON
 MAX_JSON_DEPTH = 128
 MB = 1024 * 1024
 READ_PIECE_BYTES = MB
-MAX_SETTINGS_FILE_BYTES = 16 * MB  # an anonymization config or a CA bundle: a few hundred KB
+MAX_SETTINGS_FILE_BYTES = 16 * MB  # an anonymization config, CA bundle or enrichment file
 
 
 class JsonFileError(DupflowError):
