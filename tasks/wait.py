@@ -154,12 +154,12 @@ def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     """
     found = path.stat()
     if path.name.endswith(".csv"):
-        counts = LineCounts(csv_data_rows(path), bundles=0, bundled=0)
+        counts = LineCounts(csv_data_rows(path))
     elif path.name.endswith(".parquet"):
         # pyarrow is loaded only for a job that has Parquet
         from tasks.sof.parquet import parquet_rows
 
-        counts = LineCounts(parquet_rows(path), bundles=0, bundled=0)
+        counts = LineCounts(parquet_rows(path))
     else:
         counts = count_contents(path, max_line_bytes)
     return DataFile.written(

@@ -32,8 +32,8 @@ class LineCounts(NamedTuple):
     """
 
     resources: int
-    bundles: int
-    bundled: int
+    bundles: int = 0
+    bundled: int = 0
 
 
 class LineChecker:
