@@ -34,6 +34,7 @@ from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.fanout import pause
+from tasks.streams.processes import uncounted
 from tasks.streams.ndjson import (
     CompressionLevel,
     FileStats,
@@ -178,8 +179,8 @@ def download_ndjson(
     max_line_bytes: int,
     stall_timeout: timedelta,
     retry: RetrySettings,
-    on_bytes: Callable[[int], None] | None = None,
-    on_total: Callable[[int], None] | None = None,
+    on_bytes: Callable[[int], None] = uncounted,
+    on_total: Callable[[int], None] = uncounted,
     sleep: Callable[[float], None] = pause,
 ) -> FileStats:
     """Stream ``url`` into ``dest``; return its size and resource count.
@@ -188,8 +189,7 @@ def download_ndjson(
     it arrives, ``on_total`` its Content-Length when given.
     """
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes)
-    told = (on_bytes or (lambda amount: None), on_total or (lambda size: None))
-    download = _Download(client, url, stall_timeout, *told, new_sink)
+    download = _Download(client, url, stall_timeout, on_bytes, on_total, new_sink)
     try:
         return call_with_retry(
             download.attempt,
