@@ -115,7 +115,7 @@ def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
 def load_settings(
     config_path: str | Path | None,
     *,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] = os.environ,
     overrides: Mapping[str, str] | None = None,
     override_labels: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
@@ -124,7 +124,6 @@ def load_settings(
     Note: ``config_path`` None: no file. ``overrides`` maps dotted keys to raw strings from the
     command line, ``override_labels`` a key to the flag that set it (e.g. "--dir").
     """
-    env = os.environ if env is None else env
     unresolved: list[Problem] = []
     tree: JsonObject = {}
     if config_path is not None:

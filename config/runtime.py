@@ -80,13 +80,12 @@ def prefect_api_url() -> str | None:
     return os.environ.get("PREFECT_API_URL") or None
 
 
-def prefect_api_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+def prefect_api_headers(env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The credentials Prefect's client sends its API, for dupflow's own calls to it.
 
     Note: Basic with ``PREFECT_API_AUTH_STRING``, else Bearer with ``PREFECT_API_KEY``, from
     ``env`` (default: this process's).
     """
-    env = os.environ if env is None else env
     return dict(
         _api_headers(env.get("PREFECT_API_AUTH_STRING") or None, env.get("PREFECT_API_KEY") or None)
     )
