@@ -36,7 +36,7 @@ from tasks.clients.http import (
     http_timeout,
     without_query,
 )
-from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
+from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -167,9 +167,7 @@ def _consent_audit_files(task: JsonObject) -> tuple[str, ...]:
         and isinstance(url := output.get("valueUrl"), str)
     )
     for url in urls:
-        refuse_credentials_in_url(
-            url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX
-        )
+        refuse_credentials_in_url(url, door="a consent audit file URL of the Task")
     return urls
 
 

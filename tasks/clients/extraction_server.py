@@ -57,7 +57,7 @@ from tasks.clients.http import (
 )
 from tasks.clients.retry import call_once
 from tasks.core.json_shapes import as_object
-from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
+from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
 from tasks.streams.fanout import pause
 
 if TYPE_CHECKING:
@@ -293,17 +293,13 @@ class ExtractionServerClient(Closing):
                 "the completed extraction's answer is not JSON (or nested deeper than JSON's sane "
                 "limits); cannot find the result files"
             )
-        refuse_credentials_in_url(
-            manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX
-        )
+        refuse_credentials_in_url(manifest_request(document), door="the manifest's request URL")
         urls = [
             resolve_file_url(self.base_url, url)
             for url in result_urls(document, self.settings.max_result_files)
         ]
         for url in urls:
-            refuse_credentials_in_url(
-                url, door="a result file URL of the manifest", fix=SERVER_URL_FIX
-            )
+            refuse_credentials_in_url(url, door="a result file URL of the manifest")
         if requires_access_token(document):
             self.trust_file_origins(urls)
         return urls
@@ -350,7 +346,6 @@ def kicked_off(response: httpx.Response) -> ExtractionHandle:
     refuse_credentials_in_url(
         location,
         door="the kick-off answer's Content-Location header",
-        fix=SERVER_URL_FIX,
         tokens=True,
     )
     return ExtractionHandle.from_status_url(str(response.url.join(location)))

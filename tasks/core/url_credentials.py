@@ -115,12 +115,13 @@ def query_tokens(url: str) -> list[str]:
 
 
 def refuse_credentials_in_url(
-    url: str | None, *, door: str, fix: str, tokens: bool = False
+    url: str | None, *, door: str, fix: str = SERVER_URL_FIX, tokens: bool = False
 ) -> None:
     """Raise ``CredentialsInUrlError`` when ``url`` carries user info.
 
     Note: with ``tokens`` (a URL the job stores), a secret in its query too. ``door`` names
-    where the URL came from (empty where the message names the key already).
+    where the URL came from (empty where the message names the key already), ``fix`` what to do
+    (by default, of a URL the server sent).
     """
     if url is None:
         return
