@@ -232,7 +232,7 @@ class _Download:
                     )
                 )
             except httpx.ReadTimeout as exc:
-                raise _stalled(url, self._stall_timeout) from exc
+                raise self._stalled() from exc
             if (
                 response.status_code == 416
                 and self._received
@@ -270,7 +270,7 @@ class _Download:
                 self._sink.write(chunk)
                 self._received += len(chunk)
         except httpx.ReadTimeout as exc:
-            raise _stalled(self._url, self._stall_timeout) from exc
+            raise self._stalled() from exc
         except httpx.TransportError as exc:
             message = (
                 f"the connection broke after {self._received:,} bytes of the file "
@@ -299,6 +299,13 @@ class _Download:
             # the temporary file of a file that failed its last checks; nothing after the rename
             self.discard()
 
+    def _stalled(self) -> DownloadError:
+        return DownloadError(
+            f"{shown_url(self._url)}: no data arrived for {self._stall_timeout.total_seconds():g} "
+            "s, download cancelled (services.extractor.download_stall_timeout); run continue to "
+            "download it again"
+        )
+
     def discard(self) -> None:
         if self._sink is not None:
             self._sink.discard()
@@ -325,13 +332,6 @@ def check_response(response: httpx.Response, url: str, resuming_at: int) -> None
         raise DownloadError(
             f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL"
         )
-
-
-def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
-    return DownloadError(
-        f"{shown_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download "
-        "cancelled (services.extractor.download_stall_timeout); run continue to download it again"
-    )
 
 
 def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
