@@ -10,11 +10,10 @@ import json
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -44,8 +43,7 @@ from tasks.core.url_credentials import (
 logger = logging.getLogger(CONFIG_LOGGER)
 
 
-@dataclass(frozen=True)
-class LoadedConfig:
+class LoadedConfig(NamedTuple):
     settings: Settings
     sources: dict[str, str]
     warnings: list[str]

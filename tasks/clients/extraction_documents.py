@@ -8,10 +8,9 @@ from __future__ import annotations
 import base64
 import json
 import re
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import httpx
 
@@ -112,8 +111,7 @@ class ExtractionTimeoutError(ExtractionError):
     pass
 
 
-@dataclass(frozen=True)
-class ExtractionHandle:
+class ExtractionHandle(NamedTuple):
     status_url: str
     job_id: str
 

@@ -10,9 +10,8 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import quote
 
 import httpx
@@ -90,8 +89,7 @@ TASK_ACCEPT = {"Accept": "application/fhir+json"} | OWN_CONNECTION
 STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")
 
 
-@dataclass(frozen=True)
-class PollProgress:
+class PollProgress(NamedTuple):
     """What a status answer tells about a running job."""
 
     text: str | None
