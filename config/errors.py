@@ -14,7 +14,7 @@ import annotated_types
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from config.fields import loc_path
+from config.fields import Loc, loc_path
 from config.keys import model_at
 from tasks.core.errors import DupflowError
 from tasks.core.readable import counted
@@ -29,9 +29,6 @@ class ConfigError(DupflowError):
         super().__init__(
             f"invalid configuration ({counted(len(self.problems), 'problem')}):\n{lines}"
         )
-
-
-Loc = tuple[int | str, ...]
 
 
 def _range_text(loc: Loc) -> str:

@@ -37,6 +37,7 @@ ENV_PREFIX = "APP_"
 
 # (key path relative to the model being validated, what is wrong and how to fix it)
 Problem = tuple[str, str]
+Loc = tuple[int | str, ...]  # a pydantic error's location
 
 
 def env_var_name(key_path: str) -> str:
@@ -48,7 +49,7 @@ def join_key_path(*parts: str) -> str:
     return ".".join(part for part in parts if part)
 
 
-def loc_path(loc: tuple[int | str, ...]) -> str:
+def loc_path(loc: Loc) -> str:
     """A pydantic error's location as a key path: ``a.b[0].c``."""
     return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 

@@ -10,7 +10,7 @@ from typing import get_args
 
 from pydantic import BaseModel, SecretStr
 
-from config.fields import env_var_name, join_key_path
+from config.fields import Loc, env_var_name, join_key_path
 from config.services import LEGACY_KEY_PATHS
 from config.settings import Settings
 
@@ -67,7 +67,7 @@ def env_var_index() -> dict[str, str]:
     return {env_var_name(path): path for path in sorted(settable_paths())}
 
 
-def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+def model_at(loc: Loc) -> type[BaseModel] | None:
     """The model class that validates the value at ``loc`` (list indices are skipped)."""
     model: type[BaseModel] | None = Settings
     for part in loc:
