@@ -34,7 +34,7 @@ from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.fanout import pause
-from tasks.streams.processes import uncounted
+from tasks.streams.processes import CountCallback, uncounted
 from tasks.streams.ndjson import (
     CompressionLevel,
     FileStats,
@@ -179,8 +179,8 @@ def download_ndjson(
     max_line_bytes: int,
     stall_timeout: timedelta,
     retry: RetrySettings,
-    on_bytes: Callable[[int], None] = uncounted,
-    on_total: Callable[[int], None] = uncounted,
+    on_bytes: CountCallback = uncounted,
+    on_total: CountCallback = uncounted,
     sleep: Callable[[float], None] = pause,
 ) -> FileStats:
     """Stream ``url`` into ``dest``; return its size and resource count.
@@ -213,8 +213,8 @@ class _Download:
     _client: httpx.Client
     _url: str
     _stall_timeout: timedelta
-    _on_bytes: Callable[[int], None]
-    _on_total: Callable[[int], None]
+    _on_bytes: CountCallback
+    _on_total: CountCallback
     _new_sink: Callable[[], _Sink]
     _sink: _Sink | None = None
     _received: int = 0  # body bytes in the sink

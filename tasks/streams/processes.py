@@ -43,6 +43,10 @@ def never_cancelled() -> None:
     """
 
 
+CountCallback = Callable[[int], None]
+"""Told each amount of work as it is done (bytes, resources): a progress count's callback."""
+
+
 def uncounted(amount: int) -> None:
     """The progress callback of work nobody follows."""
 
