@@ -59,12 +59,11 @@ def write_file_atomically(
             out.write(data)
             close_synced(out)
         os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise write_error(exc, path) from None
     # Ctrl+C or SIGTERM between open and rename leaves no temporary file either
-    except BaseException:
+    except BaseException as exc:
         temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(exc, path) from None
         raise
 
 
