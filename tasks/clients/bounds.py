@@ -217,7 +217,7 @@ def answer_within(
     http: httpx.Client,
     deadline: Deadline,
     method: str,
-    url: str,
+    url: str | httpx.URL,
     *,
     operation: str,
     service: str | None,

@@ -175,7 +175,7 @@ class ServiceClient(Closing):
     def request(
         self,
         method: str,
-        url: str,
+        url: str | httpx.URL,
         *,
         operation: str,
         once: bool = False,

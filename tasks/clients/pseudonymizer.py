@@ -126,7 +126,8 @@ class Pseudonymizer:
         self._send = functools.partial(
             client.request,
             "POST",
-            DE_IDENTIFY_PATH,
+            # joined to the service's URL once (httpx would parse and join it for every request)
+            client.http.build_request("POST", DE_IDENTIFY_PATH).url,
             deadline=functools.partial(
                 Deadline, client.endpoint.timeout.total_seconds(), DEADLINE_SETTING
             ),
