@@ -33,7 +33,7 @@ from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import Sleep, pause
 from tasks.streams.processes import CountCallback, uncounted
 from tasks.streams.ndjson import (
     CompressionLevel,
@@ -114,7 +114,7 @@ def wait_until_available(
     *,
     checks: int,
     interval: timedelta,
-    sleep: Callable[[float], None] = pause,
+    sleep: Sleep = pause,
 ) -> None:
     """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched."""
     for check in range(checks):
@@ -181,7 +181,7 @@ def download_ndjson(
     retry: RetrySettings,
     on_bytes: CountCallback = uncounted,
     on_total: CountCallback = uncounted,
-    sleep: Callable[[float], None] = pause,
+    sleep: Sleep = pause,
 ) -> FileStats:
     """Stream ``url`` into ``dest``; return its size and resource count.
 

@@ -57,7 +57,7 @@ from tasks.clients.http import (
 from tasks.clients.retry import call_once
 from tasks.core.json_shapes import as_object
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import Sleep, pause
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -112,7 +112,7 @@ class ExtractionServerClient(Closing):
         tls: TlsSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = pause,
+        sleep: Sleep = pause,
     ):
         endpoint = endpoint_of(settings, min(POLL_TIMEOUT, settings.extraction_timeout))
         # its query: the endpoint's

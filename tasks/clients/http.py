@@ -29,7 +29,7 @@ from tasks.clients.bounds import (
 )
 from tasks.clients.errors import Call, answered, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
-from tasks.streams.fanout import pause, stopping
+from tasks.streams.fanout import Sleep, pause, stopping
 
 if TYPE_CHECKING:
     from config.services import AuthSettings
@@ -167,7 +167,7 @@ class ServiceClient(Closing):
         tls: TlsSettings,
         retry: RetrySettings,
         *,
-        sleep: Callable[[float], None] = pause,
+        sleep: Sleep = pause,
     ):
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_client(endpoint, tls)

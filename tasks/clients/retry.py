@@ -19,7 +19,7 @@ from tenacity import (
 )
 
 from tasks.clients.errors import Call, ServiceError, is_transient_network_error, network_error
-from tasks.streams.fanout import pause, raise_if_cancelled
+from tasks.streams.fanout import Sleep, pause, raise_if_cancelled
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -37,7 +37,7 @@ def call_with_retry(
     attempt: Callable[[], T],
     retry: RetrySettings,
     *,
-    sleep: Callable[[float], None] = pause,
+    sleep: Sleep = pause,
     **where: Unpack[Call],
 ) -> T:
     max_backoff = retry.max_backoff_ms / 1000

@@ -137,6 +137,10 @@ def raise_if_cancelled() -> None:
         raise Cancelled("the run was interrupted")
 
 
+Sleep = Callable[[float], None]
+"""A sleep of so many seconds: ``pause``, or a test's."""
+
+
 def pause(seconds: float) -> None:
     """Sleep; a cancel of the fan-out ends the sleep at once with ``Cancelled``.
 
