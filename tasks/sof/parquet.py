@@ -19,7 +19,7 @@ import pyarrow.csv as pa_csv  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from tasks.core.json_shapes import JsonObject
-from tasks.streams.files import close_synced, write_error
+from tasks.streams.files import close_synced, renamed_when_done
 from tasks.sof.errors import ViewError
 from tasks.sof.view import all_selects, compile_view
 
@@ -45,18 +45,11 @@ def write_parquet(
 ) -> int:
     """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows."""
     schema = parquet_schema(view)
-    temporary = parquet_path.with_name(f".{parquet_path.name}.part")
-    try:
+    with renamed_when_done(parquet_path) as temporary:
         rows = _converted_in_blocks_of_its_rows(csv_path, schema, temporary, row_group_bytes)
         with open(temporary, "rb") as written:  # pyarrow closed it unsynced
             close_synced(written)
-        os.replace(temporary, parquet_path)
-    except BaseException as exc:
-        temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise write_error(exc, parquet_path) from None
-        raise
-    return rows
+        return rows
 
 
 def parquet_rows(path: Path) -> int:

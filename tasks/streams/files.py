@@ -46,10 +46,7 @@ def write_file_atomically(
     Note: ``shared``: others may write ``path`` at once (an S3 manifest record), so the temporary
     name is this writer's own (one writer's rename would take another's file away).
     """
-    temporary = path.with_name(
-        f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part"
-    )
-    try:
+    with renamed_when_done(path, shared=shared) as temporary:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(
             temporary,
@@ -58,6 +55,20 @@ def write_file_atomically(
         ) as out:
             out.write(data)
             close_synced(out)
+
+
+@contextmanager
+def renamed_when_done(path: Path, *, shared: bool = False) -> Iterator[Path]:
+    """A temporary name beside ``path``, renamed to it when the block ends without an error.
+
+    Note: a failure removes it; an ``OSError`` raises ``JobWriteError``. ``shared``: see
+    ``write_file_atomically``.
+    """
+    temporary = path.with_name(
+        f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part"
+    )
+    try:
+        yield temporary
         os.replace(temporary, path)
     # Ctrl+C or SIGTERM between open and rename leaves no temporary file either
     except BaseException as exc:
