@@ -20,7 +20,7 @@ import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
-from tasks.streams.processes import never_cancelled, uncounted
+from tasks.streams.processes import CountCallback, never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.fhirpath_shared import reference_key
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
@@ -320,7 +320,7 @@ class RowsWriter:
 def flatten_file(
     plan: FilePlan,
     stop_if_cancelled: Callable[[], None] = never_cancelled,
-    advance: Callable[[int], None] = uncounted,
+    advance: CountCallback = uncounted,
 ) -> FileParts:
     """Flatten the plan's pieces in turn into ``<parts_dir>/<folder>/`` (renamed to)."""
     parts_dir = Path(plan.parts_dir)
