@@ -9,7 +9,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, islice
@@ -20,7 +20,7 @@ import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
-from tasks.streams.processes import CountCallback, never_cancelled, uncounted
+from tasks.streams.processes import CancelCheck, CountCallback, never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.fhirpath_shared import reference_key
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
@@ -319,7 +319,7 @@ class RowsWriter:
 
 def flatten_file(
     plan: FilePlan,
-    stop_if_cancelled: Callable[[], None] = never_cancelled,
+    stop_if_cancelled: CancelCheck = never_cancelled,
     advance: CountCallback = uncounted,
 ) -> FileParts:
     """Flatten the plan's pieces in turn into ``<parts_dir>/<folder>/`` (renamed to)."""

@@ -43,6 +43,9 @@ def never_cancelled() -> None:
     """
 
 
+CancelCheck = Callable[[], None]
+"""Raises when the work is to stop (a cancelled run); ``never_cancelled`` never does."""
+
 CountCallback = Callable[[int], None]
 """Told each amount of work as it is done (bytes, resources): a progress count's callback."""
 
@@ -178,7 +181,7 @@ def start_workers(*modules: str) -> None:
 
 
 def run_in_process(
-    function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
+    function: Callable[..., R], *args: Any, stop_if_cancelled: CancelCheck = never_cancelled
 ) -> R:
     """Run ``function(*args)`` in a worker of the current pool (else of its own)."""
     calls = ProcessCalls(function)
@@ -207,7 +210,7 @@ class ProcessCalls(Generic[R]):
         else:
             self._futures.append(self._pool.submit(self._function, *args))
 
-    def results(self, stop_if_cancelled: Callable[[], None]) -> list[R]:
+    def results(self, stop_if_cancelled: CancelCheck) -> list[R]:
         if self._pool is None:
             with worker_pool(size=min(len(self._waiting), pool_size())):
                 calls = ProcessCalls(self._function)
