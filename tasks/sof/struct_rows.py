@@ -20,6 +20,7 @@ from tasks.sof.fhirpath import Operation, TypePath
 from tasks.sof.output import CsvWriter, json_lines
 
 CELL_VALUE = str | bool | int | None
+BlockCsv = Callable[[bytes], list[bytes] | None]
 PIECE_BYTES = 1 << 16
 """Lines decoded and written as CSV at once: their data is still in the CPU's caches (rows of a
 whole 1 MB block written after took the Condition view 1.2x the time); pieces of 16 KB cost 1.1x
@@ -38,7 +39,7 @@ class _Element:
         self.at, self.keys = at, dict[str, _Element | None]()
 
 
-def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | None:
+def block_csv(view: Any, limit: int) -> BlockCsv | None:
     """``csv(block)`` for a view taken (docs/development.md), else None.
 
     Note: ``csv`` gives the block's CSV lines, then an empty text for each further line (one

@@ -24,7 +24,7 @@ from tasks.sof.compiled_code import PARSED, RowsOf, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
-from tasks.sof.struct_rows import block_csv
+from tasks.sof.struct_rows import BlockCsv, block_csv
 from tasks.sof.type_filters import refuse_other_types
 from tasks.sof.shapes import Row
 
@@ -229,7 +229,7 @@ class CompiledView:
         return self._generated(cells=True)
 
     @cached_property
-    def block_csv(self) -> Callable[[bytes], list[bytes] | None] | None:
+    def block_csv(self) -> BlockCsv | None:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
