@@ -178,13 +178,12 @@ def read_facts(job_dir: Path) -> JsonObject:
     return read_record(job_dir).facts
 
 
-def record_facts(job_dir: Path, **facts: Any) -> JsonObject:
-    """Merge ``facts`` into the job's facts and return them; None removes a key."""
+def record_facts(job_dir: Path, **facts: Any) -> None:
+    """Merge ``facts`` into the job's facts; None removes a key."""
     with changing_record(job_dir) as record:
         record.facts = {
             key: value for key, value in {**record.facts, **facts}.items() if value is not None
         }
-    return dict(record.facts)
 
 
 def counts_text(files: Iterable[FileEntry]) -> str:
