@@ -23,9 +23,8 @@ from tasks.core.errors import JobError
 from tasks.core.json_shapes import JSON, as_object, JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import (
-    DIRECTORY_TAG_PREFIX,
     JobPaths,
-    directory_tag,
+    is_directory_run,
     is_job_id,
     job_of_tag,
     job_tag,
@@ -149,7 +148,7 @@ def latest_runs(jobs: list[JobPaths]) -> dict[str, JsonObject]:
     Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
     request failed) are left out.
     """
-    directories = {paths.job_id: directory_tag(paths.job_dir) for paths in jobs}
+    directories = {paths.job_id: paths.job_dir for paths in jobs}
     job_ids, newest = list(directories), dict[str, JsonObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
@@ -159,9 +158,12 @@ def latest_runs(jobs: list[JobPaths]) -> dict[str, JsonObject]:
             "/flow_runs/filter", flow_runs={"tags": {"any_": [job_tag(job_id) for job_id in page]}}
         ):
             tags = [str(tag) for tag in run.get("tags") or []]
-            dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
-                if job_id in page and job_id not in newest and dirs <= {directories[job_id]}:
+                if (
+                    job_id in page
+                    and job_id not in newest
+                    and is_directory_run(tags, directories[job_id])
+                ):
                     newest[job_id] = run
     return newest
 

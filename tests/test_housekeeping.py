@@ -11,7 +11,7 @@ import pytest
 
 from flows.job_state import JobLock
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from tasks.job.layout import JobPaths
+from tasks.job.layout import JobPaths, directory_tag
 from tasks.job.record import JobRecord, changing_record
 from tests.conftest import run_cli, run_cli_here
 from tests.support.jobs import made_old, put_flow_run
@@ -219,6 +219,21 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     assert "then run prune --yes again" in removed.stderr
     assert f"removed {half.name} (an interrupted prune had begun it)" in removed.stdout
     assert f"removed {old.name}" in removed.stdout and sorted(jobs.iterdir()) == [stuck]
+
+
+def test_prune_keeps_a_flow_run_tagged_with_two_job_directories(tmp_path, empty_prefect_api):
+    """A run tagged with the job's directory and another's is neither directory's, as ``status`` sees it: prune
+    removed it with the job's own runs."""
+    jobs = tmp_path / "jobs"
+    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000016")
+    put_flow_run(empty_prefect_api, old, "COMPLETED", "Completed")
+    shared = put_flow_run(empty_prefect_api, old, "COMPLETED", "Completed")
+    empty_prefect_api.state.flow_runs[0]["tags"].append(directory_tag(tmp_path / "elsewhere"))
+
+    removed = prune(jobs, "--yes")
+
+    assert removed.returncode == EXIT_OK and f"removed {old.name} (" in removed.stdout, removed.stderr
+    assert [run["id"] for run in empty_prefect_api.state.flow_runs] == [shared]
 
 
 def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_path, empty_prefect_api):

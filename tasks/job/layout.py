@@ -93,6 +93,17 @@ def directory_tag(job_dir: Path) -> str:
     )
 
 
+def is_directory_run(tags: list[str], job_dir: Path) -> bool:
+    """Whether a flow run of the job, by its ``tags``, is the job directory's.
+
+    Note: only if every directory tag it carries is the directory's; a run from before directories
+    were tagged carries none and counts for every directory of its job.
+    """
+    return all(
+        tag == directory_tag(job_dir) for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)
+    )
+
+
 def job_of_tag(tag: str) -> str | None:
     return tag.removeprefix(JOB_TAG_PREFIX) if tag.startswith(JOB_TAG_PREFIX) else None
 
