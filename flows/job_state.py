@@ -263,7 +263,7 @@ def step_record(
     ):
         return None
     try:
-        document = read_result_record(paths.results / name)
+        _, document = read_result_record(paths.results / name)
         record = StepRecord.model_validate(json.loads(document["result"])["data"])
     except RecordError as exc:
         return str(exc)

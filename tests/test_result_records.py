@@ -155,7 +155,7 @@ def test_a_record_as_dupflow_writes_it_is_read_back_whole(tmp_path):
 
     assert store.exists(key)
     assert store.read(key).result == result
-    assert read_result_record(Path(key))["metadata"]["storage_key"] == key
+    assert read_result_record(Path(key))[1]["metadata"]["storage_key"] == key
 
 
 @pytest.mark.slow  # mounts a file system

@@ -46,18 +46,13 @@ def record_problem(path: Path, document: Any) -> str | None:
     return None
 
 
-def read_result_record(path: Path) -> JsonObject:
-    """Read the record at ``path``, checked; else a ``RecordError`` naming the file."""
-    return read_checked(path)[1]
-
-
 def checked_result(path: Path) -> bytes:
     """Give the record's bytes for Prefect to decode, once nothing names foreign code.
 
     Why: Prefect's JSON decoder imports the module a ``__class__`` or ``__exc_type__`` names and
     builds that class from the data; only this product's own models, already loaded, may be named.
     """
-    data, document = read_checked(path)
+    data, document = read_result_record(path)
     with as_record_error():
         result = parse_json_document(document["result"].encode(), f"the result record {path.name}")
     if foreign := next(foreign_names(result), None):
@@ -67,8 +62,8 @@ def checked_result(path: Path) -> bytes:
     return data
 
 
-def read_checked(path: Path) -> tuple[bytes, JsonObject]:
-    """Read the bytes and parsed record at ``path``, checked; else a ``RecordError``."""
+def read_result_record(path: Path) -> tuple[bytes, JsonObject]:
+    """Read the bytes and parsed record at ``path``, checked; else a ``RecordError`` naming it."""
     label = f"the result record {path.name}"
     if not path.is_file():  # a FIFO would block the read
         raise RecordError(f"{label} is no regular file")
