@@ -16,7 +16,7 @@ from types import FrameType
 
 from config.runtime import apply_process_defaults
 from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
-from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
+from tasks.job.job_log import PlainFormatter, job_log_handler, stream_handlers
 from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
@@ -163,30 +163,19 @@ def job_logging(log_file: Path) -> Iterator[None]:
     Note: every handler's text is plain there (Prefect's console, its debug handler, the last
     resort).
     """
-    file_handler = logging.FileHandler(log_file)
-    file_handler.setFormatter(JobLogFormatter())
+    apply_process_defaults()  # before Prefect's settings are read
+    file_handler = job_log_handler(log_file)
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
-    file_handler.addFilter(redacting)
-    apply_process_defaults()
-    # configures Prefect's logging, once per process; patched below
-    import prefect.main  # noqa: F401
-
-    attached = [
-        ("prefect", file_handler),
-        ("dupflow", file_handler),
-        # Each record handed on at once: a Dask LocalCluster sets the ``distributed`` logger's
-        # StreamHandlers to WARNING while it runs (``silence_logs``), the file handler among them,
-        # which would silence the job log for every logger.
-        ("distributed", MemoryHandler(1, target=file_handler)),
-    ]
-    for name, handler in attached:
-        logging.getLogger(name).addHandler(handler)
+    # Each record handed on at once: a Dask LocalCluster sets the ``distributed`` logger's
+    # StreamHandlers to WARNING while it runs (``silence_logs``), the file handler among them,
+    # which would silence the job log for every logger.
+    dask_handler = MemoryHandler(1, target=file_handler)
+    logging.getLogger("distributed").addHandler(dask_handler)
     patched = [(handler, handler.formatter) for handler in stream_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
         handler.addFilter(redacting)
         handler.addFilter(one_failure)
-    logging.getLogger("dupflow").setLevel(logging.INFO)
     try:
         yield
     finally:
@@ -195,7 +184,11 @@ def job_logging(log_file: Path) -> Iterator[None]:
             handler.setFormatter(formatter)
             handler.removeFilter(redacting)
             handler.removeFilter(one_failure)
-        for name, handler in attached:
+        for name, handler in (
+            ("prefect", file_handler),
+            ("dupflow", file_handler),
+            ("distributed", dask_handler),
+        ):
             logging.getLogger(name).removeHandler(handler)
         file_handler.close()
 

@@ -5,8 +5,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from tasks.core.redaction import RedactingFilter
-from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
+from tasks.job.job_log import PlainFormatter, job_log_handler, stream_handlers
 
 
 class WorkerLogToJobLog(WorkerPlugin):
@@ -24,22 +23,14 @@ class WorkerLogToJobLog(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         # the job log's lines, as the flow process writes them (also Dask's, as there)
-        job_log = logging.FileHandler(self.log_file)
-        job_log.setFormatter(JobLogFormatter())
-        job_log.addFilter(RedactingFilter())
+        job_log = job_log_handler(self.log_file)
         for name in ("distributed", "tornado"):
             logger = logging.getLogger(name)
             for console in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
                 logger.removeHandler(console)
             logger.addHandler(job_log)
-        # configures Prefect's logging, which would drop a handler added before
-        import prefect.main  # noqa: F401
-
         # the root logger's console is Prefect's: not for them here
         for name in ("prefect", "dupflow"):
-            logger = logging.getLogger(name)
-            logger.addHandler(job_log)
-            logger.propagate = False
-        logging.getLogger("dupflow").setLevel(logging.INFO)
+            logging.getLogger(name).propagate = False
         for terminal in stream_handlers():  # what still reaches the terminal: plain
             terminal.setFormatter(PlainFormatter(terminal.formatter))

@@ -4,8 +4,10 @@ Note: also the plain text of every log line a terminal shows.
 """
 
 import logging
+from pathlib import Path
 
 from tasks.core.readable import plain_multiline
+from tasks.core.redaction import RedactingFilter
 
 
 class JobLogFormatter(logging.Formatter):
@@ -27,6 +29,22 @@ class JobLogFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return plain_multiline(super().format(record))
+
+
+def job_log_handler(log_file: str | Path) -> logging.FileHandler:
+    """Send the records of ``prefect`` and ``dupflow`` (INFO up) to the job log, redacted.
+
+    Note: Prefect's logging is configured first: configuring it drops a handler added before.
+    """
+    import prefect.main  # noqa: F401
+
+    handler = logging.FileHandler(log_file)
+    handler.setFormatter(JobLogFormatter())
+    handler.addFilter(RedactingFilter())
+    for name in ("prefect", "dupflow"):
+        logging.getLogger(name).addHandler(handler)
+    logging.getLogger("dupflow").setLevel(logging.INFO)
+    return handler
 
 
 class PlainFormatter(logging.Formatter):
