@@ -149,7 +149,7 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
     return source.resolve()
 
 
-def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
+def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path) -> list[Path]:
     if files := sorted(scan(source, recursive, jobs_dir)):
         return files
     hint = ""
@@ -158,13 +158,13 @@ def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path | None = Non
     raise LocalImportError(f"no .ndjson or .ndjson.zst files in {source}{hint}")
 
 
-def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
+def scan(source: Path, recursive: bool, jobs_dir: Path) -> list[Path]:
     """Find every data file of ``source`` (and its subdirectories).
 
     Why: ``jobs_dir`` is passed over: an import folder that holds it would import earlier jobs'
     files again.
     """
-    skipped = jobs_dir.resolve() if jobs_dir is not None else None
+    skipped = jobs_dir.resolve()
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(

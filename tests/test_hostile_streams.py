@@ -220,7 +220,7 @@ def test_anything_named_like_data_that_is_no_readable_file_is_an_error_naming_it
     (tmp_path / "good.ndjson").write_text('{"resourceType":"Patient"}\n')
     make(tmp_path / name)
     with pytest.raises(LocalImportError, match=re.escape(fragment)) as error:
-        find_ndjson_files(tmp_path, recursive=recursive)
+        find_ndjson_files(tmp_path, recursive=recursive, jobs_dir=tmp_path / "jobs")
     assert str(tmp_path / name) in str(error.value)
 
 
@@ -243,7 +243,9 @@ def test_a_symlink_to_a_data_file_is_imported_and_other_names_are_still_ignored(
     (tmp_path / "in" / "linked.ndjson").symlink_to(tmp_path / "real" / "a.ndjson")
     os.mkfifo(tmp_path / "in" / "notes.fifo")
     (tmp_path / "in" / ".hidden.ndjson").symlink_to(tmp_path / "gone")
-    assert find_ndjson_files(tmp_path / "in", recursive=False) == [tmp_path / "in" / "linked.ndjson"]
+    assert find_ndjson_files(tmp_path / "in", recursive=False, jobs_dir=tmp_path / "jobs") == [
+        tmp_path / "in" / "linked.ndjson"
+    ]
 
 
 @pytest.mark.slow

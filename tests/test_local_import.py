@@ -61,14 +61,17 @@ def test_an_empty_directory_with_subdirectories_hints_at_recursive(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "a.ndjson").write_text("{}\n")
     with pytest.raises(LocalImportError, match="services.local_import.recursive: true"):
-        find_ndjson_files(tmp_path, recursive=False)
-    assert find_ndjson_files(tmp_path, recursive=True) == [tmp_path / "sub" / "a.ndjson"]
+        find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")
+    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [tmp_path / "sub" / "a.ndjson"]
 
 
 def test_only_ndjson_files_are_picked_up(tmp_path):
     for name in ("a.ndjson", "b.ndjson.zst", "c.json", "notes.txt", ".hidden.ndjson"):
         (tmp_path / name).write_text("{}\n")
-    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False)] == ["a.ndjson", "b.ndjson.zst"]
+    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
+        "a.ndjson",
+        "b.ndjson.zst",
+    ]
 
 
 @pytest.mark.parametrize("name", ["A.NDJSON", "b.ndjson.ZST", "c.Ndjson"])
@@ -76,7 +79,7 @@ def test_a_data_file_whose_suffix_is_not_in_lower_case_is_an_error_naming_it(tmp
     (tmp_path / "a.ndjson").write_text("{}\n")
     (tmp_path / name).write_text("{}\n")
     with pytest.raises(LocalImportError, match=f"{tmp_path / name} is named like data but its suffix"):
-        find_ndjson_files(tmp_path, recursive=False)
+        find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")
 
 
 @pytest.mark.parametrize("name", ["Patient.ndjson.gz", "Condition.ndjson.zstd", "Obs.ndjson.bz2"])
@@ -84,13 +87,15 @@ def test_ndjson_compressed_otherwise_than_with_zstd_is_an_error_naming_it(tmp_pa
     (tmp_path / "a.ndjson").write_text("{}\n")
     (tmp_path / name).write_bytes(b"\x1f\x8b")
     with pytest.raises(LocalImportError, match=f"{tmp_path / name} is named like data of another kind: only plain"):
-        find_ndjson_files(tmp_path, recursive=False)
+        find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")
 
 
 def test_a_checksum_or_backup_beside_a_data_file_is_passed_over(tmp_path):
     for name in ("Patient.ndjson.zst", "Patient.ndjson.zst.sha256", "Patient.ndjson.md5", "Patient.ndjson.bak"):
         (tmp_path / name).write_text("{}\n")
-    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False)] == ["Patient.ndjson.zst"]
+    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
+        "Patient.ndjson.zst"
+    ]
 
 
 def test_a_symlinked_folder_in_a_recursive_scan_is_an_error_naming_it(tmp_path):
@@ -101,8 +106,8 @@ def test_a_symlinked_folder_in_a_recursive_scan_is_an_error_naming_it(tmp_path):
     (tmp_path / "in" / "2023" / "Patient.ndjson").write_text("{}\n")
     (tmp_path / "in" / "2024").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(LocalImportError, match=f"^{tmp_path / 'in' / '2024'} is a symbolic link to a folder, which"):
-        find_ndjson_files(tmp_path / "in", recursive=True)
-    assert scan(tmp_path / "in", recursive=False) == []  # not scanned at all: no folder is
+        find_ndjson_files(tmp_path / "in", recursive=True, jobs_dir=tmp_path / "jobs")
+    assert scan(tmp_path / "in", recursive=False, jobs_dir=tmp_path / "jobs") == []  # not scanned at all: no folder is
 
 
 def test_a_recursive_scan_passes_the_jobs_directory_over(tmp_path):
@@ -118,7 +123,9 @@ def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(t
     for folder in (".Trash-1000", ".snapshot", "visible"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "a.ndjson").write_text("{}\n")
-    assert find_ndjson_files(tmp_path, recursive=True) == [tmp_path / "visible" / "a.ndjson"]
+    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [
+        tmp_path / "visible" / "a.ndjson"
+    ]
 
 
 def test_two_files_that_would_get_one_name_are_refused(tmp_path):
@@ -139,7 +146,7 @@ def test_a_folder_name_with_a_control_character_is_shown_escaped(tmp_path):
     folder.mkdir()
     os.mkfifo(folder / "a.ndjson")
     with pytest.raises(LocalImportError) as refused:
-        find_ndjson_files(tmp_path, recursive=True)
+        find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs")
     message = str(refused.value)
     assert "named pipe" in message and "\\n12:00:00" in message and "\\u202e" in message
     assert "\n" not in message and "\u202e" not in message

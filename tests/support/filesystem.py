@@ -21,7 +21,7 @@ def walk_as_nobody(folder: str, queue: multiprocessing.Queue) -> None:
     os.setgid(65534)
     os.setuid(65534)
     try:
-        find_ndjson_files(Path(folder), recursive=True)
+        find_ndjson_files(Path(folder), recursive=True, jobs_dir=Path(folder, "jobs"))
         queue.put("no error")
     except LocalImportError as exc:
         queue.put(str(exc))
