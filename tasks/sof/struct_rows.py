@@ -18,6 +18,7 @@ from tasks.sof.compiled import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
 from tasks.sof.fhirpath import Operation, TypePath
 from tasks.sof.output import CsvWriter, json_lines
+from tasks.streams.ndjson import line_feeds
 
 CELL_VALUE = str | bool | int | None
 BlockCsv = Callable[[bytes], list[bytes] | None]
@@ -76,8 +77,8 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
                 if not keys and None in rows:
                     return None
                 writer.writerows(rows if keys else chain.from_iterable(rows))
-            # one object a line: none split over lines, no two on one, no blank; replace: 5x count
-            if lines + len(block.replace(b"\n", b"")) != len(block) or block[:1] <= b" ":
+            # one object a line: none split over lines, no two on one, no blank line
+            if lines != line_feeds(block) or block[:1] <= b" ":
                 return None
             if _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
                 return None

@@ -10,7 +10,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.streams.ndjson import WHOLE_FILE, Span, is_zstd, iter_chunks
+from tasks.streams.ndjson import WHOLE_FILE, Span, is_zstd, iter_chunks, line_feeds
 from tasks.streams.processes import processes_allowed
 
 MB = 1024 * 1024
@@ -98,7 +98,7 @@ def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
         while position < len(chunk) and (newline := chunk.find(b"\n", max(position, 0))) != -1:
             marks.append((offset + newline + 1, lines + chunk.count(b"\n", 0, newline + 1)))
             position = newline + 1 + mark_bytes
-        lines += len(chunk) - len(chunk.replace(b"\n", b""))  # count: a byte at a time
+        lines += line_feeds(chunk)
         offset += len(chunk)
     starts = [start for start, _ in marks]
     cuts = sorted({bisect.bisect_left(starts, offset * i // count) for i in range(1, count)})
