@@ -23,6 +23,7 @@ from tasks.core.readable import counted, duration_text, size_text
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli
 from tests.support.deployments import api
+from tests.support.prefect_servers import stop_runner_of
 from tests.support.jobs import (
     flow_run_state,
     job_file,
@@ -380,6 +381,7 @@ def test_a_ui_resume_of_a_local_job_waits_visibly_until_continue_goes_on_in_the_
     """The command line's job at a gate is a suspended deployment run, as a worker's is, with the same form. Resumed
     in the UI (or the API) on a server with no runner of the home (``PREFECT_API_URL`` set), it waits as Scheduled,
     every view saying so; ``continue`` then runs it with the form's note, no automation made."""
+    stop_runner_of(Path(prefect_api["database"]).parent)  # one an earlier module's command started would take it
     source = source_dir(tmp_path, {"a.ndjson": 2})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")

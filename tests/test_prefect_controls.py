@@ -22,10 +22,17 @@ from tests.conftest import REPO_ROOT, run_cli_here, wait_until
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
 from tests.support.deployments import api
 from tests.support.jobs import only_job_dir, source_dir, start_cli_process, step_results, wait_for
-from tests.support.prefect_servers import wait_until_stopped
+from tests.support.prefect_servers import stop_runner_of, wait_until_stopped
 from tests.support.sending import generated, write_ndjson
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api", "no_runner_left")]
+
+
+@pytest.fixture(scope="module")
+def no_runner_left(prefect_api):
+    """The home's runner these tests' commands start stops with the module: later modules share the server."""
+    yield
+    stop_runner_of(Path(prefect_api["database"]).parent)
 
 
 def send_job(tmp_path: Path, write_config: Any, url: str, resources: int) -> tuple[Path, Path]:

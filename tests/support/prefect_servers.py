@@ -7,7 +7,8 @@ import signal
 import time
 from pathlib import Path
 
-from flows.server_process import process_is_server, process_stopped
+from flows.prefect_server import RUNNER_COMMAND, RUNNER_FILE
+from flows.server_process import process_is_server, process_runs, process_stopped, terminate
 
 SERVER_TIMEOUT = 240.0
 
@@ -15,6 +16,16 @@ SERVER_TIMEOUT = 240.0
 def kill_servers_of(home: Path) -> None:
     for pid in servers_of(home):
         os.killpg(pid, signal.SIGKILL)
+
+
+def stop_runner_of(home: Path) -> None:
+    """Stop the home's runner (``ensure_runner``), where one runs; its server goes on.
+
+    A command run on the shared server's home with ``PREFECT_API_URL`` unset starts it, and it then takes up every
+    Scheduled run of the command line's jobs on that server, for the rest of the session."""
+    runner = home / RUNNER_FILE
+    if runner.exists() and process_runs(pid := int(runner.read_text()), RUNNER_COMMAND):
+        terminate(pid)
 
 
 def servers_of(home: Path) -> list[int]:
