@@ -29,6 +29,8 @@ NO_DATABASE = (503, b"Database is not available")
 EXIT_FAILED = 1
 SERVER_RUNS = "when the server runs again"
 NOT_OURS = "not the Prefect server the job ran on"
+# probes in a row: a server killed between the two calls of a probe was once taken for another
+FOREIGN_ANSWERS = 2
 
 
 class Loss(NamedTuple):
@@ -58,11 +60,12 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
     Note: ``logging.raiseExceptions`` is off meanwhile, which hides Prefect's "Error logging to
     API".
     """
-    answered = time.monotonic()
+    answered, foreign = time.monotonic(), 0
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
         loss = probe(api_url)
-        if loss is None and not same() and not done.is_set():
+        foreign = foreign + 1 if loss is None and not same() else 0
+        if foreign == FOREIGN_ANSWERS and not done.is_set():
             stop_job(
                 paths,
                 Loss(0, f"another server answers at {shown_url(api_url)}, {NOT_OURS}", SERVER_RUNS),

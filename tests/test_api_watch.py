@@ -44,6 +44,7 @@ class ServerPlay:
 
     settings: tuple[int, bytes]
     ready: tuple[int, bytes] = (200, b'{"message":"OK"}')
+    once: list[tuple[int, bytes]] = field(default_factory=list)  # answered to the next settings requests first
     asked: threading.Condition = field(default_factory=threading.Condition)
     settings_requests: int = 0
 
@@ -56,7 +57,10 @@ class PlayedServer(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         play: ServerPlay = self.server.state
-        status, body = play.ready if self.path.endswith("/ready") else play.settings
+        if self.path.endswith("/ready"):
+            status, body = play.ready
+        else:
+            status, body = play.once.pop(0) if play.once else play.settings
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -156,6 +160,20 @@ def test_the_homes_server_busy_or_started_anew_keeps_the_job_running(tmp_path, h
         record = json.loads((home / STATE_FILE).read_text())
         (home / STATE_FILE).write_text(json.dumps({**record, "nonce": "started-anew"}))
         play.settings = home_settings(home, nonce="started-anew")
+        probes_seen(play, 3)
+        assert watch.poll() is None, watch.communicate()
+        watch.kill()
+        watch.wait()
+
+
+def test_one_odd_answer_of_the_jobs_own_server_does_not_stop_the_job(tmp_path, home):
+    """Another server answers every probe; a server killed between the two calls of one probe answered one of them
+    as no Prefect server (CI saw "another server" for a server killed -9)."""
+    play = ServerPlay(home_settings(home))
+    with LoopbackServer(PlayedServer, play) as server:
+        record_home_server(home, server.base_url)
+        watch = start_watch(tmp_path, home, server.base_url)
+        play.once = [FOREIGN["a program that is no Prefect server"](home)]
         probes_seen(play, 3)
         assert watch.poll() is None, watch.communicate()
         watch.kill()
