@@ -121,11 +121,11 @@ def save_whole(profiles: ProfilesCollection) -> None:
     from prefect.settings import PREFECT_PROFILES_PATH, get_current_settings, temporary_settings
     from prefect.settings.profiles import save_profiles
 
-    path = get_current_settings().profiles_path
-    temporary = path.with_name(f".{path.name}.part")
-    with temporary_settings({PREFECT_PROFILES_PATH: temporary}):
-        save_profiles(profiles)
-    os.replace(temporary, path)
+    from tasks.streams.files import renamed_when_done
+
+    with renamed_when_done(get_current_settings().profiles_path) as temporary:
+        with temporary_settings({PREFECT_PROFILES_PATH: temporary}):
+            save_profiles(profiles)
 
 
 if __name__ == "__main__":
