@@ -1,5 +1,6 @@
 import contextlib
 import contextvars
+import functools
 import os
 import random
 import signal
@@ -578,6 +579,37 @@ def test_a_zstd_stream_cut_anywhere_but_between_frames_is_refused_as_truncated()
             assert "they are truncated" in str(error)
         else:
             assert cut in whole_at and b"".join(read) == whole_at[cut]
+
+
+def test_a_signal_a_call_raises_on_a_fan_outs_thread_is_raised_to_the_caller_once_the_calls_ended():
+    """Prefect raises its ``Pause`` (a ``BaseException``) at a task's end once the run is suspended: on the fan-out's
+    threads it once ended each thread with a traceback on the terminal, left the call's outcome None and the step
+    failed on it with a TypeError."""
+
+    class Signal(BaseException):
+        pass
+
+    started, ran, hooked = threading.Barrier(2), [], []
+
+    def signalled(together: bool) -> None:
+        if together:
+            started.wait(timeout=30)
+        raise Signal
+
+    def other(together: bool) -> None:
+        if together:
+            started.wait(timeout=30)
+        ran.append(together)
+
+    previous, threading.excepthook = threading.excepthook, hooked.append
+    try:
+        for together in (True, False):  # beside another call, then before one on the same thread
+            calls = [functools.partial(signalled, together), functools.partial(other, together)]
+            with pytest.raises(Signal):
+                run_bounded(calls, workers=2 if together else 1)
+    finally:
+        threading.excepthook = previous
+    assert hooked == [] and ran == [True]  # the call beside it ended first; none started after it
 
 
 def test_a_cancel_of_an_outer_scope_stops_the_threads_of_a_fan_out_inside_it_and_its_waits():

@@ -341,9 +341,11 @@ def test_a_cancel_pressed_before_the_runs_watch_is_up_stops_its_work(prefect_api
     assert stop.reason == CANCELLED_ON_SERVER
 
 
-def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_config, prefect_api):
-    """The UI's Cancel during a two-file import: the files in work on the step's threads went on to their end, as
-    the threads' scope did not hear the run's."""
+def pressed_mid_import(
+    tmp_path: Path, write_config: Any, prefect_api: dict[str, Any], state: dict[str, Any]
+) -> tuple[dict[str, Any], int, str, Path]:
+    """A two-file import, both files in work on the step's threads when ``state`` is pressed; its run, exit code,
+    output and import folder once it ended."""
     source = source_dir(tmp_path, {"a.ndjson": 300_000, "b.ndjson": 300_000}, pad=400)
     tree = {"pipeline": {"enabled_steps": ["local_import"], "file_batches": {"max_files": 1}}}
     config = write_config(tree | {"compression": {"level": "best"}})
@@ -352,13 +354,33 @@ def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_confi
     imported = only_job_dir(tmp_path / "jobs") / "import"
     wait_for(lambda: len(list(imported.glob(".*.part"))) == 2 or None, process)
 
-    # held while the Cancel is pressed: the files take a few seconds only
+    # held while the button is pressed: the files take a few seconds only
     process.send_signal(signal.SIGSTOP)
     wait_until_stopped(process.pid)
-    press(prefect_api["api_url"], run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+    press(prefect_api["api_url"], run["id"], state)
     process.send_signal(signal.SIGCONT)
     code, said = finished(process)
+    return run, code, said, imported
 
+
+def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_config, prefect_api):
+    """The UI's Cancel during a two-file import: the files in work on the step's threads went on to their end, as
+    the threads' scope did not hear the run's."""
+    cancel = {"type": "CANCELLING", "name": "Cancelling"}
+    run, code, said, imported = pressed_mid_import(tmp_path, write_config, prefect_api, cancel)
     assert code == EXIT_INTERRUPTED, said
     assert list(imported.iterdir()) == []  # neither file finished, no temporary file left
     assert server_state(prefect_api["api_url"], run["id"]) == "Cancelled"
+
+
+def test_a_suspend_stops_every_file_a_step_works_on_at_once_in_two_lines(tmp_path, write_config, prefect_api):
+    """The UI's Suspend during a two-file import: Prefect's ``Pause`` at each file task's end ended the step's
+    threads with a traceback each on the terminal, and the step failed with a TypeError on their outcomes."""
+    until = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()
+    details = {"pause_timeout": until, "pause_reschedule": True}
+    suspend = {"type": "PAUSED", "name": "Suspended", "state_details": details}
+    run, code, said, imported = pressed_mid_import(tmp_path, write_config, prefect_api, suspend)
+    assert code == 0 and "Traceback" not in said and "Exception in thread" not in said, said
+    assert "Suspended: suspended on the Prefect server until " in said and list(imported.iterdir()) == []
+    assert server_state(prefect_api["api_url"], run["id"]) == "Suspended"
+    assert "TypeError" not in (imported.parent / "job.log").read_text()

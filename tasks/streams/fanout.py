@@ -62,6 +62,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     """Run ``calls`` on at most ``workers`` daemon threads; return each outcome.
 
     Note: an outcome is a result or an exception; the calls run in copies of the caller's context.
+    A call's ``BaseException`` (Prefect's ``Pause``) is raised once all ended, none started after.
     Interrupted, no new call starts, running ones stop at their next ``raise_if_cancelled``, and
     after ``CANCEL_GRACE_SECONDS`` the caller goes on.
     Why: it waits in short joins, so a signal reaches it at once.
@@ -71,14 +72,18 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     cancelled = context[_cancelled].cancelled
     outcomes: list[Any] = [None] * len(calls)
     pending = deque(range(len(calls)))  # a deque's appends and pops are thread-safe
+    signals: list[BaseException] = []
 
     def work() -> None:
-        while not cancelled.is_set():
+        while not cancelled.is_set() and not signals:
             try:
                 index = pending.popleft()
             except IndexError:
                 return
-            outcomes[index] = outcome_of(context.copy().run, calls[index])
+            try:
+                outcomes[index] = outcome_of(context.copy().run, calls[index])
+            except BaseException as signal:  # Prefect's Pause at a task's end (a Suspend)
+                signals.append(signal)
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
     try:
@@ -95,6 +100,8 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
             if thread.ident is not None:  # started
                 thread.join(max(0.0, grace_ends - time.monotonic()))
         raise
+    if signals:  # raised here, as in the calling thread
+        raise signals[0]
     return outcomes
 
 
