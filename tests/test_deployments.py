@@ -62,7 +62,7 @@ def served(server, site: Path, tmp_path_factory: pytest.TempPathFactory):
     process = subprocess.Popen(
         [sys.executable, "-m", "deployments.serve", str(site / "job.yaml"), "--name", name],
         cwd=elsewhere,
-        env=env,
+        env=env | {"PREFECT_RUNNER_POLL_FREQUENCY": "1"},  # a run is taken up within 1 s, not 10
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
