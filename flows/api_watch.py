@@ -29,7 +29,7 @@ NO_DATABASE = (503, b"Database is not available")
 EXIT_FAILED = 1
 SERVER_RUNS = "when the server runs again"
 NOT_OURS = "not the Prefect server the job ran on"
-# probes in a row: a server killed between the two calls of a probe was once taken for another
+# probes in a row: a job whose server was killed -9 once stopped saying another one answered
 FOREIGN_ANSWERS = 2
 
 

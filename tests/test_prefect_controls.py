@@ -373,7 +373,7 @@ def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_confi
     assert server_state(prefect_api["api_url"], run["id"]) == "Cancelled"
 
 
-def test_a_suspend_stops_every_file_a_step_works_on_at_once_in_two_lines(tmp_path, write_config, prefect_api):
+def test_a_suspend_stops_every_file_a_step_works_on_at_once_without_a_traceback(tmp_path, write_config, prefect_api):
     """The UI's Suspend during a two-file import: Prefect's ``Pause`` at each file task's end ended the step's
     threads with a traceback each on the terminal, and the step failed with a TypeError on their outcomes."""
     until = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()
