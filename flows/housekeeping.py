@@ -25,7 +25,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.core.errors import UsageError
 from tasks.core.json_shapes import JsonObject
-from tasks.job.layout import JobPaths, is_directory_run, is_job_id, job_tag
+from tasks.job.layout import JobPaths, directory_tag, is_directory_run, is_job_id, job_tag
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
@@ -259,12 +259,13 @@ def server_records(paths: JobPaths) -> tuple[list[JsonObject], list[str]]:
 
     Note: a run is the directory's by its tags ``job-<id>`` and ``dir-…`` (``is_directory_run``).
     """
+    own = directory_tag(paths.job_dir)
     runs = [
         run
         for run in filter_rows(
             "/flow_runs/filter", flow_runs={"tags": {"all_": [job_tag(paths.job_id)]}}
         )
-        if is_directory_run(run["tags"], paths.job_dir)
+        if is_directory_run(run["tags"], own)
     ]
     artifacts = (
         filter_rows(

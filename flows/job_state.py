@@ -24,6 +24,7 @@ from tasks.core.json_shapes import JSON, as_object, JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import (
     JobPaths,
+    directory_tag,
     is_directory_run,
     is_job_id,
     job_of_tag,
@@ -148,7 +149,7 @@ def latest_runs(jobs: list[JobPaths]) -> dict[str, JsonObject]:
     Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
     request failed) are left out.
     """
-    directories = {paths.job_id: paths.job_dir for paths in jobs}
+    directories = {paths.job_id: directory_tag(paths.job_dir) for paths in jobs}
     job_ids, newest = list(directories), dict[str, JsonObject]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]

@@ -93,15 +93,14 @@ def directory_tag(job_dir: Path) -> str:
     )
 
 
-def is_directory_run(tags: list[str], job_dir: Path) -> bool:
-    """Whether a flow run of the job, by its ``tags``, is the job directory's.
+def is_directory_run(tags: list[str], directory: str) -> bool:
+    """Whether a flow run of the job, by its ``tags``, is the directory's tagged ``directory``.
 
     Note: only if every directory tag it carries is the directory's; a run from before directories
     were tagged carries none and counts for every directory of its job.
+    Why: the tag, not the path: ``directory_tag`` resolves the path on disk.
     """
-    return all(
-        tag == directory_tag(job_dir) for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)
-    )
+    return all(tag == directory for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX))
 
 
 def job_of_tag(tag: str) -> str | None:
