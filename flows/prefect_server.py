@@ -140,9 +140,8 @@ def ensure_runner(api_url: str) -> None:
     """
     home = prefect_home()
     with exclusive_lock(home / LOCK_FILE):
-        with suppress(OSError, ValueError):
-            if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
-                return
+        if runner_of(home) is not None:
+            return
         with open(home / RUNNER_LOG, "ab") as out:
             env = {
                 **os.environ,
@@ -162,13 +161,20 @@ def ensure_runner(api_url: str) -> None:
         write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
 
 
+def runner_of(home: Path) -> int | None:
+    """The process id of ``home``'s runner where it runs (``ensure_runner``), else None."""
+    with suppress(OSError, ValueError):
+        if process_runs(pid := int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
+            return pid
+    return None
+
+
 def stop_server(home: Path | None = None) -> bool:
     """Stop the server recorded in PREFECT_HOME and its runner; whether it ran."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
-        with suppress(OSError, ValueError):
-            if process_runs(pid := int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
-                terminate(pid)
+        if (runner := runner_of(home)) is not None:
+            terminate(runner)
         record = read_record(home)
         if running := record is not None and runs_recorded_server(record):
             terminate(record.pid)

@@ -7,8 +7,8 @@ import signal
 import time
 from pathlib import Path
 
-from flows.prefect_server import RUNNER_COMMAND, RUNNER_FILE
-from flows.server_process import process_is_server, process_runs, process_stopped, terminate
+from flows.prefect_server import runner_of
+from flows.server_process import process_is_server, process_stopped, terminate
 
 SERVER_TIMEOUT = 240.0
 
@@ -23,9 +23,8 @@ def stop_runner_of(home: Path) -> None:
 
     A command run on the shared server's home with ``PREFECT_API_URL`` unset starts it, and it then takes up every
     Scheduled run of the command line's jobs on that server, for the rest of the session."""
-    runner = home / RUNNER_FILE
-    if runner.exists() and process_runs(pid := int(runner.read_text()), RUNNER_COMMAND):
-        terminate(pid)
+    if (runner := runner_of(home)) is not None:
+        terminate(runner)
 
 
 def servers_of(home: Path) -> list[int]:
