@@ -1,24 +1,25 @@
-"""Prefect's REST API for what must not import Prefect (status, list, prune).
+"""Prefect's REST API for what must not import Prefect (status, list, prune), and its check.
 
 Note:
 - Code that imports Prefect uses Prefect's client instead (docs/development.md, "Layers").
 """
 
+import importlib.metadata
 import json
 from contextlib import closing
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from config.runtime import prefect_api_headers, prefect_api_url
+from config.runtime import CLI, prefect_api_headers, prefect_api_url
 from config.settings import RetrySettings
 from tasks.clients.bounds import answer_too_large
 from tasks.clients.errors import Call, ServiceError, is_transient_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import DupflowError
 from tasks.core.json_shapes import JSON, as_array, as_objects, JsonObject
-from tasks.core.readable import size_text
+from tasks.core.readable import plain_text, size_text
 from tasks.core.url_credentials import shown_url
 
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
@@ -28,6 +29,8 @@ MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE rows is far less
 REFUSED = (401, 403)
 Answer = tuple[int, bytes]
+OK = (200, b"true")  # what /health of a Prefect API answers
+SHOWN_ANSWER_CHARS = 80
 
 
 class ApiUnreachableError(DupflowError):
@@ -111,3 +114,66 @@ def refused_login(url: str, status: int) -> ApiUnreachableError:
         "PREFECT_API_AUTH_STRING to the user:password it was started with (its "
         "PREFECT_SERVER_API_AUTH_STRING)"
     )
+
+
+def require_answer(api_url: str) -> None:
+    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers.
+
+    Note: one that asks for credentials counts as usable.
+    """
+    answer = api_answer(api_url, "/health", TIMEOUT)
+    if answer[0] in REFUSED:
+        return
+    if answer == OK:
+        if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
+            raise ApiUnreachableError(
+                f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set "
+                "PREFECT_API_URL to a Prefect server's API, or unset it to use the local server "
+                f"({CLI} server start)"
+            )
+        return
+    parts = urlsplit(api_url)
+    path = parts.path.rstrip("/")
+    api = None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
+    if answer[0] and api and api_answer(api, "/health", TIMEOUT) == OK:
+        raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
+            f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not "
+            f"its API: set PREFECT_API_URL={shown_url(api)}"
+        )
+    found = (
+        "does not answer"
+        if not answer[0]
+        else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
+    )
+    raise ApiUnreachableError(
+        f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set "
+        f"PREFECT_API_URL to one that runs, or unset it to use the local server ({CLI} server "
+        "start)"
+    )
+
+
+def version_problem(answer: Answer) -> str | None:
+    """Say what is wrong for this client with a ``GET /admin/version`` answer.
+
+    Why: Prefect's client reads it first, and ends in a traceback on a foreign one, in
+    "incompatible versions" on another major version.
+    """
+    # a server elsewhere may want credentials for it
+    if answer[0] in REFUSED:
+        return None
+    from packaging.version import Version  # Prefect's own reading of versions
+
+    try:  # /admin/version answers a JSON string, read as Prefect's client reads it
+        found = Version(json.loads(answer[1])) if answer[0] == 200 else None
+    except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
+        found = None
+    if found is None:
+        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS]
+        said = f"HTTP {answer[0]} {body!r}" if answer[0] else "nothing"
+        return (
+            "answers GET /health with true but is no Prefect API (GET /admin/version answered "
+            f"{said})"
+        )
+    if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
+        return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
+    return None

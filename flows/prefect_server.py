@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
-from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_login
-from flows.prefect_api_check import require_answer
+from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_login, require_answer
 from flows.prefect_profile import finish_recording, start_recording
 from flows.server_process import (
     POLL_INTERVAL,

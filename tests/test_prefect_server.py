@@ -22,8 +22,7 @@ import httpx
 import pytest
 
 from flows.server_process import process_is_server
-from flows.prefect_api import ApiUnreachableError
-from flows.prefect_api_check import require_answer
+from flows.prefect_api import ApiUnreachableError, require_answer
 from flows.prefect_server import (
     DATABASE_URL_SETTINGS,
     new_database_note,
