@@ -141,23 +141,30 @@ def ensure_runner(api_url: str) -> None:
     with exclusive_lock(home / LOCK_FILE):
         if runner_of(home) is not None:
             return
-        with open(home / RUNNER_LOG, "ab") as out:
-            env = {
-                **os.environ,
-                "PREFECT_API_URL": api_url,
-                "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
-            }
-            command = [sys.executable, "-m", *RUNNER_COMMAND]
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                cwd=home,
-                env=env,
-                start_new_session=True,
-            )
-        write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
+        env = {
+            **os.environ,
+            "PREFECT_API_URL": api_url,
+            "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS,
+        }
+        pid = start_detached(RUNNER_COMMAND, home / RUNNER_LOG, env)
+        write_file_atomically(home / RUNNER_FILE, str(pid).encode())
+
+
+def start_detached(module: tuple[str, ...], log: Path, env: dict[str, str]) -> int:
+    """Start ``python -m`` ``module`` in ``log``'s folder, its output appended to ``log``; its pid.
+
+    Note: in a session of its own: the command's Ctrl-C and hang-up do not reach it.
+    """
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", *module],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=log.parent,
+            env=env,
+            start_new_session=True,
+        ).pid
 
 
 def runner_of(home: Path) -> int | None:
@@ -298,28 +305,15 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     nonce = secrets.token_hex(16)
     loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
     env["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(filter(None, [loggers, NONCE_LOGGER + nonce]))
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "server",
-                "start",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            cwd=home,
-            env=env,
-            start_new_session=True,
-        )
+    # the log was moved aside above: a new file
+    command = ("prefect", "server", "start", "--host", HOST, "--port", str(port))
     record = ServerRecord(
-        process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"), nonce
+        start_detached(command, log, env),
+        port,
+        url,
+        str(log),
+        datetime.now(UTC).isoformat(timespec="seconds"),
+        nonce,
     )
     write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode(), private=True)
     return record
