@@ -233,21 +233,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     if jobs:
         prefect_server.use_server()  # each job's state is its flow run's there
     states = current_states(readable)
+    listed = [listed_job(paths, job, states.get(paths)) for paths, job in jobs]
     if args.json:
-        listed = [listed_job(paths, job, states.get(paths)) for paths, job in jobs]
         extraction_cli.print_json({"jobs_dir": str(jobs_dir.resolve()), "jobs": listed})
         return EXIT_OK
     if not jobs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
-    for paths, job in jobs:
-        if isinstance(job, JobRecord):
-            age = extraction_cli.age(job.created_at)
-            shown_input = plain_text(redact(job.job_input or ""))
-            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {shown_input}")
-        else:
-            print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {plain_text(str(job))}")
+    # the JSON's rows; an unreadable job shows why in place of its input
+    for row in listed:
+        age = extraction_cli.age(row["created_at"])
+        shown_input = plain_text(str(row["input"] or row["problem"] or ""))
+        print(f"{row['job_id']}  {row['state']:<18}  {age:>8}  {shown_input}")
     return EXIT_OK
 
 
