@@ -5,6 +5,7 @@ record's escape sequences and controls never reach the terminal).
 """
 
 import argparse
+from contextlib import suppress
 from datetime import datetime
 from typing import NamedTuple
 
@@ -68,14 +69,9 @@ def state_message(paths: JobPaths, run: JsonObject | None, state: str) -> str:
         return f"{where}; {go_on} makes one that skips every finished step"
     if state == SUSPENDED:
         details = server.get("state_details") or {}
-        try:
-            expires = (
-                datetime.fromisoformat(str(details["pause_timeout"]))
-                if details.get("pause_timeout")
-                else None
-            )
-        except ValueError:
-            expires = None
+        expires = None
+        with suppress(ValueError):  # none, or no time
+            expires = datetime.fromisoformat(str(details.get("pause_timeout")))
         return suspended_message(details.get("pause_key"), expires, paths.job_dir)
     if state in SCHEDULED_NAMES:  # resumed or retried in the UI: for a runner or worker
         return (
