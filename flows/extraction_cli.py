@@ -350,7 +350,7 @@ def shown(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
 
 def age(timestamp: object) -> str:
     """``3m ago`` for an ISO timestamp; ``-`` when there is none (or no text)."""
-    if not timestamp or not isinstance(timestamp, str):
+    if not isinstance(timestamp, str):  # an empty text is no ISO time below
         return "-"
     try:
         moment = datetime.fromisoformat(timestamp)
