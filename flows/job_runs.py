@@ -23,13 +23,12 @@ from prefect.states import Cancelled, Crashed, Pending
 from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.job_stop import CANCELLED_ON_SERVER
+from flows.jobs import flat_inputs
 from flows.pipeline import newest_job_run, pipeline
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 
-# a continue's own parameters: each continue gives them anew
-CONTINUING = ("note", "attach", "resubmit")
 # Prefect's name for a run set back to go again (``prefect flow-run retry``)
 RETRIED = "AwaitingRetry"
 DESCRIPTION = (
@@ -114,18 +113,6 @@ def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: JsonOb
         return ""
     shown = plain_text(", ".join(differing))
     return f"its flow run's parameters on the server differed from its job.json in {shown}: reset; "
-
-
-def flat_inputs(parameters: JsonObject) -> JsonObject:
-    """A run's job inputs by name, each override as ``overrides.KEY``.
-
-    Note: a continue's own inputs are left out.
-    """
-    flat = {
-        key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")
-    }
-    overrides = parameters.get("overrides")
-    return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
 def execute(run: FlowRun, parameters: JsonObject) -> Any:

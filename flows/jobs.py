@@ -19,6 +19,7 @@ from config.settings import Settings
 from flows.job_crtdl import EffectiveCrtdl, crtdl_input, effective_crtdl, no_crtdl_message
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
+from tasks.core.json_shapes import JsonObject
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
 from tasks.core.jsonfile import settings_file_problem
 from config.runtime import CLI
@@ -27,6 +28,9 @@ from tasks.job.layout import JobPaths, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
+
+# a continue's own parameters: each continue gives them anew
+CONTINUING = ("note", "attach", "resubmit")
 
 
 @dataclass(frozen=True)
@@ -121,15 +125,18 @@ def refuse_other_inputs(
     next ``continue`` does (a service URL, and its credentials with it); ``continue --set`` is the
     way.
     """
-    given = {"config_path": config_path, "job_input": job_input}
-    given |= {f"overrides.{key}": value for key, value in overrides.items() if key != "jobs_dir"}
-    recorded = {"config_path": record.config_path, "job_input": record.job_input}
-    recorded |= {f"overrides.{key}": value for key, value in record.overrides.items()}
+    given = flat_inputs(
+        {"config_path": config_path, "job_input": job_input, "overrides": overrides}
+    )
+    recorded = flat_inputs(record.model_dump())  # more than its inputs: only given ones are read
     paths = {"config_path", "job_input", *(f"overrides.{key}" for key in PATH_KEYS)}
+    # jobs_dir: where the job was found
     differing = [
         key
         for key, value in given.items()
-        if value and not same_input(value, recorded.get(key), key in paths)
+        if value
+        and key != "overrides.jobs_dir"
+        and not same_input(value, recorded.get(key), key in paths)
     ]
     if differing:
         raise JobError(
@@ -138,6 +145,18 @@ def refuse_other_inputs(
             f"was started with: {CLI} continue {record.job_id} runs it with them, --set KEY=VALUE "
             "changes one"
         )
+
+
+def flat_inputs(parameters: JsonObject) -> JsonObject:
+    """A run's job inputs by name, each override as ``overrides.KEY``.
+
+    Note: a continue's own inputs are left out.
+    """
+    flat = {
+        key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")
+    }
+    overrides = parameters.get("overrides")
+    return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
 def same_input(given: str, recorded: str | None, path: bool) -> bool:
