@@ -23,7 +23,6 @@ from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_logi
 from flows.prefect_profile import finish_recording, start_recording
 from flows.server_process import (
     POLL_INTERVAL,
-    process_is_server,
     process_runs,
     process_stopped,
     terminate,
@@ -38,6 +37,8 @@ PORT_FILE = "dupflow-server.port"
 LOCK_FILE = "dupflow-server.lock"
 LOG_FILE = "dupflow-server.log"
 RUNNER_FILE, RUNNER_LOG = "dupflow-runner.pid", "dupflow-runner.log"
+# what ``python -m`` runs for the server and for its runner: how each is started and recognised
+SERVER_COMMAND = ("prefect", "server", "start")
 RUNNER_COMMAND = ("flows.job_runs",)
 RUNNER_POLL_SECONDS = "5"  # a Resume in the UI runs within this and a process's start
 DATABASE_FILE = "prefect.db"
@@ -306,7 +307,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
     env["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(filter(None, [loggers, NONCE_LOGGER + nonce]))
     # the log was moved aside above: a new file
-    command = ("prefect", "server", "start", "--host", HOST, "--port", str(port))
+    command = (*SERVER_COMMAND, "--host", HOST, "--port", str(port))
     record = ServerRecord(
         start_detached(command, log, env),
         port,
@@ -456,7 +457,7 @@ def runs_recorded_server(record: ServerRecord) -> bool:
     Why: a recycled pid is neither reused nor stopped.
     Note: without /proc, nonce or environment (exiting), the pid alone tells.
     """
-    if not process_is_server(record.pid):
+    if not process_runs(record.pid, SERVER_COMMAND):
         return False
     try:
         environment = Path(f"/proc/{record.pid}/environ").read_bytes()

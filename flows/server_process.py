@@ -15,11 +15,6 @@ CMDLINE_READS = 5  # an exiting process's stays empty
 POLL_INTERVAL = 0.05
 
 
-def process_is_server(pid: int) -> bool:
-    """Whether ``pid`` is alive and still a ``prefect server start``, not recycled."""
-    return process_runs(pid, ("prefect", "server", "start"))
-
-
 def process_runs(pid: int, words: tuple[str, ...]) -> bool:
     """Whether ``pid`` is alive and its command line holds ``words``, not recycled."""
     if not process_exists(pid):

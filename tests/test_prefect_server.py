@@ -21,13 +21,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.server_process import process_is_server
+from flows.server_process import process_runs
 from flows.prefect_api import ApiUnreachableError, require_answer
 from flows.prefect_server import (
     DATABASE_URL_SETTINGS,
     new_database_note,
     server_environment,
     PORT_FILE,
+    SERVER_COMMAND,
     STATE_FILE,
     ServerRecord,
     ServerStartError,
@@ -163,7 +164,7 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
 
     # Stopped: the process ends and the state file goes.
     assert stop_server() is True
-    assert not process_is_server(second.pid) and servers_of(home) == []
+    assert not process_runs(second.pid, SERVER_COMMAND) and servers_of(home) == []
     assert not (home / STATE_FILE).exists()
     assert server_status() is None
     assert stop_server() is False
@@ -252,7 +253,7 @@ def test_a_starting_server_is_its_server_at_every_check_of_its_start_up(home):
     with log.open("wb") as output:
         process = subprocess.Popen(command, cwd=home, stdout=output, stderr=output, start_new_session=True)
         try:
-            checks = [process_is_server(process.pid) for _ in range(20_000) if process.poll() is None]
+            checks = [process_runs(process.pid, SERVER_COMMAND) for _ in range(20_000) if process.poll() is None]
         finally:
             with suppress(ProcessLookupError):  # it ended by itself, and poll() collected it
                 os.killpg(process.pid, signal.SIGKILL)
@@ -406,7 +407,7 @@ def test_a_recycled_pid_now_another_server_is_neither_reused_nor_stopped(tmp_pat
 
 def wait_until_command_line(pid: int, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
-    while not process_is_server(pid):
+    while not process_runs(pid, SERVER_COMMAND):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)

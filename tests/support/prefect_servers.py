@@ -7,8 +7,8 @@ import signal
 import time
 from pathlib import Path
 
-from flows.prefect_server import runner_of
-from flows.server_process import process_is_server, process_stopped, terminate
+from flows.prefect_server import SERVER_COMMAND, runner_of
+from flows.server_process import process_runs, process_stopped, terminate
 
 SERVER_TIMEOUT = 240.0
 
@@ -48,16 +48,16 @@ def servers() -> list[tuple[int, Path]]:
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
         homes = [name.removeprefix(b"PREFECT_HOME=") for name in environment if name.startswith(b"PREFECT_HOME=")]
-        # The environment first: a kernel thread's command line reads empty, which process_is_server reads again
+        # The environment first: a kernel thread's command line reads empty, which process_runs reads again
         # and again (tens of ms each, seconds per scan).
-        if homes and process_is_server(int(entry.name)):
+        if homes and process_runs(int(entry.name), SERVER_COMMAND):
             found.append((int(entry.name), Path(homes[0].decode(errors="replace"))))
     return found
 
 
 def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while process_is_server(pid):
+    while process_runs(pid, SERVER_COMMAND):
         assert time.monotonic() < deadline, f"server {pid} still running"
         time.sleep(0.05)
 
