@@ -83,7 +83,7 @@ def test_an_extraction_kick_off_never_goes_on_a_connection_another_call_left_ope
 def test_a_server_that_never_reads_the_body_is_cut_off_at_the_deadline():
     with socket.create_server(("127.0.0.1", 0)) as listener:  # the kernel takes the connection; none reads
         endpoint = ServiceEndpoint("validation", f"http://127.0.0.1:{listener.getsockname()[1]}")
-        deadline = functools.partial(Deadline, 1.0, "a test's deadline")
+        deadline = functools.partial(Deadline, timedelta(seconds=1), "a test's deadline")
         started = time.monotonic()
         with ServiceClient(endpoint, TlsSettings(), ONE_ATTEMPT) as client:
             with pytest.raises(ServiceError, match=r"within 1 s, the deadline of one request \(a test's deadline"):
@@ -103,7 +103,7 @@ def test_a_server_reading_the_body_slowly_is_cut_off_near_the_deadline():
 
         threading.Thread(target=read_slowly, daemon=True).start()
         endpoint = ServiceEndpoint("validation", f"http://127.0.0.1:{listener.getsockname()[1]}")
-        deadline = functools.partial(Deadline, 1.0, "a test's deadline")
+        deadline = functools.partial(Deadline, timedelta(seconds=1), "a test's deadline")
         started = time.monotonic()
         try:
             with ServiceClient(endpoint, TlsSettings(), ONE_ATTEMPT) as client:

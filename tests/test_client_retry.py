@@ -190,7 +190,7 @@ def test_unreachable_service_ends_as_a_transient_network_error(sleep):
 
 def test_requests_within_a_deadline_retry_with_the_same_schedule():
     waits: list[float] = []
-    deadline = functools.partial(Deadline, 10.0, "a test's deadline")
+    deadline = functools.partial(Deadline, timedelta(seconds=10), "a test's deadline")
 
     with serve(Reply(503), Reply(reset=True), Reply(429, {"Retry-After": "0.5"})) as server:
         endpoint = ServiceEndpoint("pseudonymizer", server.base_url)
@@ -215,7 +215,7 @@ def test_a_failed_call_of_a_cancelled_fan_out_is_neither_retried_nor_logged_as_r
 def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_service_holds_it(attempts):
     """On the last attempt (no retry to refuse it) the read the cancel ended was told as the request's deadline."""
     retry = RetrySettings(max_attempts=attempts, initial_backoff_ms=100, max_backoff_ms=1000)
-    deadline = functools.partial(Deadline, 120.0, "a test's deadline")
+    deadline = functools.partial(Deadline, timedelta(seconds=120), "a test's deadline")
     with serve(Reply(delay=20)) as server, cancel_scope() as cancel:
 
         def cancel_once_sent() -> None:

@@ -13,6 +13,7 @@ import io
 import json
 import shlex
 import signal
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,7 @@ def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config
 def test_only_a_missing_answer_is_told_as_no_answer_from_the_server():
     server = "http://torch.example/fhir"
     too_large = answer_too_large("over 1.0 MB", 1 << 20, operation="list jobs", service="extractor", hint="-")
-    deadline = Deadline(5, "services.extractor.timeout").exceeded("list jobs", "extractor")
+    deadline = Deadline(timedelta(seconds=5), "services.extractor.timeout").exceeded("list jobs", "extractor")
 
     assert "no answer" not in service_failure_text(too_large, server)
     assert f"no answer from the extraction server at {server}" in service_failure_text(deadline, server)

@@ -153,7 +153,7 @@ class TokenSource:
         Why: the calling request's deadline cannot cut off this other client, and the lock keeps
         other callers waiting.
         """
-        deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
+        deadline = Deadline(self._deadline, TOKEN_DEADLINE_SETTING, self.issuer)
         try:
             with (
                 deadline.bounding(),

@@ -9,6 +9,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
 from typing import Any, NotRequired, TypeVar, Unpack
 
 import httpcore
@@ -26,14 +27,14 @@ Body = Callable[[], Iterable[bytes]] | bytes
 
 
 class Deadline:
-    """The end of one call, ``seconds`` from now.
+    """The end of one call, ``duration`` from now.
 
     Note: ``setting`` (what sets it) and ``url`` are named in its error.
     """
 
-    def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
-        self.seconds, self.setting, self.url = seconds, setting, url
-        self._end = time.monotonic() + seconds
+    def __init__(self, duration: timedelta, setting: str, url: str | httpx.URL | None = None):
+        self.duration, self.setting, self.url = duration, setting, url
+        self._end = time.monotonic() + duration.total_seconds()
         self._socket: socket.socket | None = None  # the one its call last waited on
 
     def check(self, operation: str, service: str | None) -> None:
@@ -62,8 +63,8 @@ class Deadline:
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
         source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
         message = (
-            f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one "
-            "request"
+            f"no complete answer{source} within {round(self.duration.total_seconds(), 1):g} s, "
+            "the deadline of one request"
         )
         return ServiceError(
             operation,

@@ -141,7 +141,7 @@ class ExtractionServerClient(Closing):
         content = json.dumps(kickoff_parameters(crtdl)).encode()
 
         def attempt() -> ExtractionHandle:
-            deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
+            deadline = Deadline(SUBMIT_TIMEOUT, "the kick-off's deadline, 60 s")
             with answer_within(
                 self.http,
                 deadline,
@@ -197,8 +197,9 @@ class ExtractionServerClient(Closing):
         Why: a server that drips its answer would hold it past the liveness window. Failures are
         swallowed, the identity provider's included: the window is the net.
         """
-        window = self.settings.extraction_timeout.total_seconds()
-        deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
+        deadline = Deadline(
+            min(POLL_DEADLINE, self.settings.extraction_timeout), POLL_DEADLINE_SETTING
+        )
         where: Call = {"operation": "poll extraction status", "service": SERVICE}
 
         def attempt() -> httpx.Response:
@@ -270,7 +271,7 @@ class ExtractionServerClient(Closing):
         """
         where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
-        deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
+        deadline = Deadline(POLL_DEADLINE, POLL_DEADLINE_SETTING)
         try:
             with answer_within(
                 self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where

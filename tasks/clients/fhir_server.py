@@ -119,7 +119,7 @@ class FhirServer(Closing):
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self._client, self.http = client, client.http
-        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
+        self._deadline, self._max_answer_bytes = deadline, max_answer_bytes
 
     @classmethod
     def connect(
@@ -185,10 +185,10 @@ class FhirServer(Closing):
         headers = headers | ({"Content-Length": str(size)} if size is not None else {})
         where: Call = {"operation": operation, "service": SERVICE_NAME}
         # each attempt's deadline: the request's plus the upload of the body
-        seconds = self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND
+        duration = self._deadline + timedelta(seconds=(size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND)
 
         def attempt() -> httpx.Response:
-            deadline = Deadline(seconds, DEADLINE_SETTING)
+            deadline = Deadline(duration, DEADLINE_SETTING)
             with answer_within(
                 self.http,
                 deadline,

@@ -41,7 +41,7 @@ class Flattener:
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client, self._service = client, client.endpoint.name
-        self._deadline = (client.endpoint.timeout if deadline is None else deadline).total_seconds()
+        self._deadline = client.endpoint.timeout if deadline is None else deadline
 
     def check(self) -> None:
         """Raise ``StepError`` unless the service lists ``$run`` on ViewDefinition.

@@ -128,9 +128,7 @@ class Pseudonymizer:
             "POST",
             # joined to the service's URL once (httpx would parse and join it for every request)
             client.http.build_request("POST", DE_IDENTIFY_PATH).url,
-            deadline=functools.partial(
-                Deadline, client.endpoint.timeout.total_seconds(), DEADLINE_SETTING
-            ),
+            deadline=functools.partial(Deadline, client.endpoint.timeout, DEADLINE_SETTING),
             max_answer_bytes=max_answer_bytes,
             too_large_hint=TOO_LARGE_ANSWER_HINT,
             headers=FHIR_JSON_HEADERS,

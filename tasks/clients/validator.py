@@ -255,7 +255,7 @@ class Validator:
             client.request,
             "POST",
             VALIDATE_PATH,
-            deadline=functools.partial(Deadline, deadline.total_seconds(), DEADLINE_SETTING),
+            deadline=functools.partial(Deadline, deadline, DEADLINE_SETTING),
             max_answer_bytes=max_answer_bytes,
             too_large_hint=TOO_LARGE_ANSWER_HINT,
             answers=FINDINGS_STATUSES,
