@@ -14,8 +14,7 @@ import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
-from tasks.clients.bounds import MB, Body, Deadline, answer_within
-from tasks.clients.bounds import read_answer as read_bounded
+from tasks.clients.bounds import MB, Body, Deadline, answer_within, read_answer
 from tasks.clients.errors import (
     BODY_LIMIT,
     MAX_MESSAGE_CHARS,
@@ -160,7 +159,7 @@ class FhirServer(Closing):
         """
         name = f"{resource_type}/{resource_id}"
         self._call(
-            "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_answer=False, hints=PUT_HINTS
+            "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_body=False, hints=PUT_HINTS
         )
 
     def _call(
@@ -171,14 +170,14 @@ class FhirServer(Closing):
         body: Body,
         length: int | None = None,
         *,
-        read_answer: bool = True,
+        read_body: bool = True,
         hints: dict[int, str] | None = None,
         rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
         headers: dict[str, str] = FHIR_JSON_HEADERS,
     ) -> httpx.Response:
         """Make one call with retry, each attempt in its deadline, the answer read bounded.
 
-        Note: not read at all without ``read_answer``. A 4xx/5xx answer raises its ``ServiceError``,
+        Note: not read at all without ``read_body``. A 4xx/5xx answer raises its ``ServiceError``,
         or what ``rejection`` makes of it. ``length``: a streamed ``body``'s size.
         """
         size = len(body) if isinstance(body, bytes) else length
@@ -202,10 +201,10 @@ class FhirServer(Closing):
                     answer = answered(response, first_bytes(response))
                     error = error_from_response(answer, **where, hints=hints)
                     raise error if rejection is None else rejection(answer, error)
-                if not read_answer:
+                if not read_body:
                     return answered(response, b"")
                 limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return answered(response, read_bounded(response, limit, **where, hint=hint))
+                return answered(response, read_answer(response, limit, **where, hint=hint))
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
 
