@@ -181,7 +181,6 @@ def download_ndjson(
     retry: RetrySettings,
     on_bytes: CountCallback = uncounted,
     on_total: CountCallback = uncounted,
-    sleep: Sleep = pause,
 ) -> FileStats:
     """Stream ``url`` into ``dest``; return its size and resource count.
 
@@ -196,7 +195,6 @@ def download_ndjson(
             retry,
             operation=f"download {shown_url(url)}",
             service=service_name(client),
-            sleep=sleep,
         )
     finally:
         download.discard()
