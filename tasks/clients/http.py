@@ -12,9 +12,8 @@ import logging
 import ssl
 from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Callable, Container, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import certifi
 import httpx
@@ -64,8 +63,7 @@ def http_timeout(read: timedelta) -> httpx.Timeout:
     )
 
 
-@dataclass(frozen=True)
-class ServiceEndpoint:
+class ServiceEndpoint(NamedTuple):
     """Where a service lives and how to log in; ``name`` is said in logs and errors."""
 
     name: str
