@@ -6,13 +6,11 @@ explained. No Prefect.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote
 
 import httpx
@@ -108,8 +106,7 @@ class SearchRejectedError(ServiceError):
         super().__init__("search extraction jobs", 400, "; ".join(problems), service=SERVICE)
 
 
-@dataclass(frozen=True)
-class ExtractionJob:
+class ExtractionJob(NamedTuple):
     """One job as the Task API shows it.
 
     Note: progress fields are None until the cohort query has finished.
@@ -148,13 +145,12 @@ class ExtractionJob:
         )
 
     def as_json(self) -> JsonObject:
-        data = dataclasses.asdict(self)
+        data = self._asdict()
         data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
         return data
 
 
-@dataclass(frozen=True)
-class ControlResult:
+class ControlResult(NamedTuple):
     job: ExtractionJob
     changed: bool  # False: the job already was where the operation would have put it
 
