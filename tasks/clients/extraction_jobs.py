@@ -32,7 +32,6 @@ from tasks.clients.http import (
     FHIR_JSON_HEADERS,
     ServiceClient,
     http_timeout,
-    without_query,
 )
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
 
@@ -202,7 +201,7 @@ class ExtractionTaskClient(ServiceClient):
 
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
         endpoint = endpoint_of(settings, TASK_TIMEOUT)
-        self.base_url = without_query(endpoint.base_url)
+        self.base_url = endpoint.url_without_query
         super().__init__(endpoint, tls, retry)
 
     def search(

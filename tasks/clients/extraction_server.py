@@ -52,7 +52,6 @@ from tasks.clients.http import (
     Closing,
     build_client,
     http_timeout,
-    without_query,
 )
 from tasks.clients.retry import call_once
 from tasks.core.json_shapes import as_object
@@ -116,7 +115,7 @@ class ExtractionServerClient(Closing):
     ):
         endpoint = endpoint_of(settings, min(POLL_TIMEOUT, settings.extraction_timeout))
         # its query: the endpoint's
-        self.settings, self.base_url = settings, without_query(endpoint.base_url)
+        self.settings, self.base_url = settings, endpoint.url_without_query
         self.clock, self.sleep = clock, sleep
         self.http = build_client(endpoint, tls)
         assert isinstance(self.http.auth, ServiceAuth), (

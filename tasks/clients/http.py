@@ -76,14 +76,14 @@ class ServiceEndpoint(NamedTuple):
     """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing
 answer there."""
 
+    @property
+    def url_without_query(self) -> str:
+        """Return ``base_url`` without its query and fragment, to join request paths to.
 
-def without_query(url: str) -> str:
-    """Return a service URL without its query and fragment, to join request paths to.
-
-    Why: httpx would put the paths after the query; ``ServiceAuth`` adds the query (a credential
-    such as ``?access_token=…``) to each request to the service.
-    """
-    return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
+        Why: httpx would put the paths after the query; ``ServiceAuth`` adds the query (a
+        credential such as ``?access_token=…``) to each request to the service.
+        """
+        return urlunsplit(urlsplit(self.base_url)._replace(query="", fragment=""))
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
@@ -120,7 +120,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify, endpoint.setting)
     client = httpx.Client(
         # its query goes with each request to its origin (auth)
-        base_url=without_query(endpoint.base_url),
+        base_url=endpoint.url_without_query,
         headers=AS_SENT,
         auth=auth,
         verify=verify,
