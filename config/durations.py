@@ -16,8 +16,10 @@ ACCEPTED_FORMS = (
 )
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
+# a number after P and after T: "P", "PT" and "P1DT" are no durations
 _ISO_PATTERN = re.compile(
-    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
+    rf"P(?=\d|T\d)(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
+    rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
     re.IGNORECASE,
 )
 _SHORT_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)", re.IGNORECASE)
@@ -39,11 +41,7 @@ def parse_duration(text: str) -> timedelta:
             f"'{value[:MAX_SHOWN_CHARS]}' has no unit, which is ambiguous; {ACCEPTED_FORMS}"
         )
     shown = value if len(value) <= MAX_SHOWN_CHARS else value[:MAX_SHOWN_CHARS] + "…"
-    if (
-        (iso := _ISO_PATTERN.fullmatch(value))
-        and any(iso.groups())
-        and not value.upper().endswith("T")
-    ):
+    if iso := _ISO_PATTERN.fullmatch(value):
         parts = zip(iso.groups(), _ISO_UNIT_SECONDS, strict=True)
         return _bounded(sum(float(part or 0) * unit for part, unit in parts), shown)
     if _SHORT_PATTERN.fullmatch(value):
