@@ -4,7 +4,6 @@ See docs/development.md#steps.
 """
 
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -167,6 +166,8 @@ def validate_path(
     found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))
 
     def validate(chunk: Chunk) -> JsonObject:
+        if chunk.oversized:
+            warn_oversized(chunk, source)
         try:
             return validator.validate(chunk, source.name)
         except (ServiceError, ValidationServiceError) as exc:
@@ -176,11 +177,8 @@ def validate_path(
         found.add(chunk, outcome)
         return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
 
-    chunks = warn_oversized(
-        iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source
-    )
     stats = write_answers(
-        chunks,
+        iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source),
         validate,
         written,
         dest,
@@ -207,26 +205,23 @@ def chunk_failure(source: Path, chunk: Chunk, exc: DupflowError) -> str:
     return message
 
 
-def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
-    """Pass ``chunks`` on, warning of each oversized one.
+def warn_oversized(chunk: Chunk, source: Path) -> None:
+    """Warn that ``chunk`` holds one resource larger than a chunk, as it is sent.
 
     Why: in the task run's log inside Prefect (else a plain logger), so the warning reaches it.
     """
-    for chunk in chunks:
-        if chunk.oversized:
-            try:
-                logger = get_run_logger()
-            except MissingContextError:
-                logger = stdlib_logger
-            logger.warning(
-                "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is "
-                "sent alone in chunk %d",
-                source.name,
-                chunk.labels[0],
-                len(chunk.body) / MB,
-                chunk.number,
-            )
-        yield chunk
+    try:
+        logger = get_run_logger()
+    except MissingContextError:
+        logger = stdlib_logger
+    logger.warning(
+        "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is sent "
+        "alone in chunk %d",
+        source.name,
+        chunk.labels[0],
+        len(chunk.body) / MB,
+        chunk.number,
+    )
 
 
 def failure_message(folder: Path, checked: list[FileValidation]) -> str:
