@@ -56,15 +56,13 @@ def extractor(step: StepInput) -> StepResult:
     """
     settings = settings_of(step)
     config = settings.services.extractor
-    with ExtractionServerClient(config, settings.tls) as client:
+    with download_client(step) as client:  # the downloads' client too
         handle, urls = wait_for_result(step, client, current_handle(step, client))
-        needs_token = client.files_need_token
-    names = target_names(
-        urls, compress=settings.compression.enabled, max_files=config.max_result_files
-    )
-    arguments = [(step, url, name, needs_token) for url, name in names.items()]
-    expect_files(len(arguments))
-    with download_client(step):
+        names = target_names(
+            urls, compress=settings.compression.enabled, max_files=config.max_result_files
+        )
+        arguments = [(step, url, name, client.files_need_token) for url, name in names.items()]
+        expect_files(len(arguments))
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     files = sorted(results_or_raise(outcomes), key=core_first)  # so in the record
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
