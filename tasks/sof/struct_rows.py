@@ -7,7 +7,8 @@ engine".
 
 from collections.abc import Callable, Iterable
 from io import BytesIO, TextIOWrapper
-from itertools import chain, repeat
+from functools import partial
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -53,10 +54,10 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
 
     struct = _struct(root, names, ("kind", Literal[view.resource]))
     decode: Callable[[memoryview], list[Any]] = msgspec.json.Decoder(struct).decode_lines
-    line_rows: Callable[[Any], Any] | None = None
+    piece_rows: Callable[[list[Any]], Iterable[Any] | None] | None = None
     if keys := flat_keys(view):  # one row a line: the structs' fields, in C
-        line_rows = attrgetter(*(names[key] for key in keys))
-    elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
+        piece_rows = partial(map, attrgetter(*(names[key] for key in keys)))
+    elif (piece_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
         return None
     # where the structs' fields are the columns after resourceType, their JSON arrays are the lines
     opening = b"[" + orjson.dumps(view.resource) + b","
@@ -73,10 +74,9 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
                 if width and (made := json_lines(structs, width, opening, astuple)) is not None:
                     writer.write_lines(made)
                     continue
-                rows: list[Any] = list(map(line_rows, structs))
-                if not keys and None in rows:
+                if (rows := piece_rows(structs)) is None:
                     return None
-                writer.writerows(rows if keys else chain.from_iterable(rows))
+                writer.writerows(rows)
             # one object a line: none split over lines, no two on one, no blank line
             if lines != line_feeds(block) or block[:1] <= b" ":
                 return None
