@@ -31,6 +31,7 @@ from tasks.http_import import fetch_ndjson
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+from tests.support.deadlines import A_MINUTE
 
 MB = 1024 * 1024
 HUGE = 160 * MB
@@ -163,7 +164,7 @@ def test_a_redirects_huge_declared_body_is_not_read_on_a_plain_request(script, s
     script.replies.update({"/start": [endless(307, declared=True, Location="/final")]})
     script.replies["/final"] = [Reply(200, body=b"final")]
     with ServiceClient(ServiceEndpoint("svc", server.base_url), TLS, NO_RETRY) as client:
-        assert client.request("GET", "/start", operation="read").content == b"final"
+        assert client.request("GET", "/start", deadline=A_MINUTE, operation="read").content == b"final"
     assert script.settled()["/start"] < UNREAD_LIMIT
 
 
@@ -205,7 +206,7 @@ def streamed(server: LoopbackServer) -> bytes:
 
 def requested(server: LoopbackServer) -> bytes:
     with ServiceClient(ServiceEndpoint("svc", server.base_url), TLS, NO_RETRY) as client:
-        return client.request("GET", "/data", operation="read").content
+        return client.request("GET", "/data", deadline=A_MINUTE, operation="read").content
 
 
 @pytest.mark.parametrize("encoding", ["zstd", "gzip"])

@@ -25,6 +25,7 @@ from tests.fakes.oauth import (
     OAuthState,
     ResourceHandler,
 )
+from tests.support.deadlines import A_MINUTE
 
 CREDENTIAL_HEADER_NAMES = {"authorization", "proxy-authorization", "x-api-key", "x-custom-key"}
 PASSWORD = "basic-pw-4711"
@@ -192,7 +193,7 @@ def test_a_second_401_after_a_fresh_token_is_reported_not_retried_again(resource
     endpoint = ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth))
     with ServiceClient(endpoint, TLS, RetrySettings()) as client:
         with pytest.raises(ServiceError) as raised:
-            client.request("GET", "/data", operation="read data")
+            client.request("GET", "/data", deadline=A_MINUTE, operation="read data")
 
     assert raised.value.status_code == 401 and not raised.value.transient
     assert "invalid or expired token" in raised.value.message
@@ -208,7 +209,7 @@ def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_s
     )
     with ServiceClient(ServiceEndpoint("svc", resource.base_url, auth), TLS, RetrySettings()) as client:
         with pytest.raises(ServiceError) as raised:
-            client.request("GET", "/data", operation="read data")
+            client.request("GET", "/data", deadline=A_MINUTE, operation="read data")
 
     error = raised.value
     assert (error.status_code, error.transient, error.service) == (401, False, "oauth")

@@ -23,6 +23,7 @@ from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.flattener import FlattenerHandler, FlattenerState
 from tests.support.extraction import CRTDL, extractor_settings
 from tests.support.pseudonymization import open_service, patient
+from tests.support.deadlines import A_MINUTE
 
 PATIENT_IDS = orjson.dumps(
     {"resourceType": "ViewDefinition", "resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}
@@ -131,7 +132,7 @@ class SilentlyClosingHandler(EchoHandler):
 def test_a_call_after_the_server_closed_the_idle_connection_goes_once_on_a_new_one():
     with LoopbackServer(SilentlyClosingHandler, EchoState()) as server:
         with ServiceClient(ServiceEndpoint("fhir_server", server.base_url), TlsSettings(), ONE_ATTEMPT) as client:
-            client.request("POST", "/fhir", operation="transaction", content=b"{}", once=True)
+            client.request("POST", "/fhir", deadline=A_MINUTE, operation="transaction", body=b"{}", once=True)
             wait_until(lambda: SilentlyClosingHandler.closed == 1, "the server closing the connection")
-            client.request("POST", "/fhir", operation="transaction", content=b"{}", once=True)
+            client.request("POST", "/fhir", deadline=A_MINUTE, operation="transaction", body=b"{}", once=True)
         assert len(server.state.requests) == 2 and server.connections == 2

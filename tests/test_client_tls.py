@@ -20,6 +20,7 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, ssl
 from tasks.clients.s3_client import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
+from tests.support.deadlines import A_MINUTE
 
 RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=1)
 
@@ -50,7 +51,7 @@ def https_service(test_ca):
 
 def get_metadata(server: LoopbackServer, tls: TlsSettings, sleep=lambda _: None):
     with ServiceClient(ServiceEndpoint("extractor", server.base_url), tls, RETRY, sleep=sleep) as client:
-        return client.request("GET", "/fhir/metadata", operation="read metadata")
+        return client.request("GET", "/fhir/metadata", deadline=A_MINUTE, operation="read metadata")
 
 
 def test_certificate_from_an_unknown_ca_is_rejected_without_retry(https_service):

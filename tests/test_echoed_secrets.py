@@ -22,6 +22,7 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.core.redaction import redact, register_secret
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import operation_outcome
+from tests.support.deadlines import A_MINUTE
 
 NO_RETRY = RetrySettings(max_attempts=1, initial_backoff_ms=0, max_backoff_ms=0)
 
@@ -93,7 +94,7 @@ def test_a_non_ascii_password_and_query_key_quoted_back_as_latin_1_reach_no_erro
     endpoint = ServiceEndpoint("extractor", extractor.base_url, extractor.auth)
 
     with ServiceClient(endpoint, TlsSettings(), NO_RETRY) as client, pytest.raises(ServiceError) as refused:
-        client.request("GET", "/fhir/metadata", operation="probe")
+        client.request("GET", "/fhir/metadata", deadline=A_MINUTE, operation="probe")
 
     texts = [str(refused.value), repr(refused.value), refused.value.message]
     assert "HTTP 401" in texts[0] and "wrong password '***' or key ['***" in texts[0]

@@ -18,7 +18,7 @@ import pytest
 import zstandard
 
 from config.services import AuthSettings, ExtractorSettings
-from config.settings import TlsSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import (
     DownloadError,
     download_ndjson,
@@ -760,6 +760,22 @@ def test_task_reads_are_retried_on_5xx_and_deletes_are_attempted_once():
     with server, task_client(server.base_url) as client, pytest.raises(ServiceError) as caught:
         client.delete("550e8400-e29b-41d4-a716-446655440000")
     assert "could not remove the result files" in str(caught.value) and len(state.requests) == 1
+
+
+def test_a_task_read_dripping_its_answer_ends_at_the_task_apis_deadline():
+    """One byte every 0.3 s, within every read timeout: the read ends at 10 s, not after 300 s."""
+    dripping = Reply(200, {"Content-Type": "application/fhir+json"}, b" " * 1000, drip=0.3)
+    server, state = scripted_status_server(dripping)
+    one_attempt = RetrySettings(max_attempts=1)
+    started = time.monotonic()
+    with (
+        server,
+        ExtractionTaskClient(ExtractorSettings(base_url=server.base_url), TlsSettings(), one_attempt) as client,
+    ):
+        with pytest.raises(ServiceError) as caught:
+            client.job("550e8400-e29b-41d4-a716-446655440000")
+    assert "within 10 s, the deadline of one request (the Task API's deadline, 10 s)" in str(caught.value)
+    assert len(state.requests) == 1 and time.monotonic() - started < 30
 
 
 def test_cohort_preview_reads_the_patients_of_the_list_and_404_means_unsupported():

@@ -47,6 +47,7 @@ from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.support.filesystem import unwritable
 from tests.support.jobs import put_flow_run
+from tests.support.deadlines import A_MINUTE
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
 MB = 1024 * 1024
@@ -95,7 +96,7 @@ def test_secrets_echoed_in_errors_and_retry_logs_are_redacted(echo, tmp_path, ca
 
     caplog.set_level(logging.INFO)
     with ServiceClient(endpoint, TLS, QUICK_RETRY) as client, pytest.raises(ServiceError) as error:
-        client.request("GET", "/fhir/__status/x", operation="poll")
+        client.request("GET", "/fhir/__status/x", deadline=A_MINUTE, operation="poll")
 
     assert echo.state.requests[0].headers["x-api-key"] == API_KEY  # the secrets did go to the service
     texts = [str(error.value), repr(error.value), error.value.message, caplog.text]
@@ -117,7 +118,7 @@ def test_an_oauth_error_description_quoting_the_client_secret_is_redacted(echo, 
     endpoint = ServiceEndpoint("extractor", echo.base_url, settings.settings.services.extractor.auth)
 
     with ServiceClient(endpoint, TLS, NO_RETRY) as client, pytest.raises(ServiceError) as error:
-        client.request("GET", "/fhir/metadata", operation="probe")
+        client.request("GET", "/fhir/metadata", deadline=A_MINUTE, operation="probe")
 
     assert "invalid_client" in str(error.value)
     assert CLIENT_SECRET not in str(error.value) and CLIENT_SECRET not in repr(error.value)
@@ -572,7 +573,7 @@ def test_a_self_redirect_names_the_url(echo) -> None:
     echo.state.replies.extend([Reply(302, {"Location": "/fhir/loop?token=abc"})] * 3)
     endpoint = ServiceEndpoint("extractor", echo.base_url)
     with ServiceClient(endpoint, TLS, NO_RETRY) as client, pytest.raises(ServiceError) as error:
-        client.request("GET", "/fhir/loop?token=abc", operation="poll")
+        client.request("GET", "/fhir/loop?token=abc", deadline=A_MINUTE, operation="poll")
     assert f"{echo.base_url}/fhir/loop redirects to itself" in str(error.value)
     assert "token=abc" not in str(error.value) and len(echo.state.requests) == 1
 
@@ -581,7 +582,7 @@ def test_a_redirect_loop_through_two_urls_names_them(echo) -> None:
     echo.state.replies.extend([Reply(302, {"Location": "/b"}), Reply(302, {"Location": "/a"})])
     with ServiceClient(ServiceEndpoint("extractor", echo.base_url), TLS, NO_RETRY) as client:
         with pytest.raises(ServiceError, match=f"{echo.base_url}/b redirects back to {echo.base_url}/a"):
-            client.request("GET", "/a", operation="poll")
+            client.request("GET", "/a", deadline=A_MINUTE, operation="poll")
 
 
 @pytest.mark.parametrize(

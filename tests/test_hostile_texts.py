@@ -24,6 +24,7 @@ from tasks.core.errors import StepError
 from tasks.send import send_resources
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.support.deadlines import A_MINUTE
 
 HOSTILE = "disk\x1b[2J\x1b]0;owned\x07 full\r12:00:00 INFO all sent\u202eexe.gnp"
 NO_RETRY = RetrySettings(max_attempts=1, initial_backoff_ms=0, max_backoff_ms=0)
@@ -42,7 +43,7 @@ def test_a_services_error_text_is_plain_in_any_clients_error():
     with LoopbackServer(EchoHandler, state) as server:
         endpoint = ServiceEndpoint("validator", server.base_url, AuthSettings(), timedelta(seconds=10))
         with ServiceClient(endpoint, TlsSettings(), NO_RETRY) as client, pytest.raises(ServiceError) as caught:
-            client.request("GET", "/x", operation="validate")
+            client.request("GET", "/x", deadline=A_MINUTE, operation="validate")
     assert plain(str(caught.value)) and "disk [2J ]0;owned full 12:00:00 INFO all sent exe.gnp" in str(caught.value)
 
 

@@ -29,6 +29,7 @@ from tests.steps import step_input
 from tests.support.flattening import EXAMPLE, LOOKUP
 from tests.support.ndjson import write_lines
 from tests.support.ports import free_port
+from tests.support.deadlines import A_MINUTE
 
 TLS = TlsSettings()
 ONE_ATTEMPT = RetrySettings(max_attempts=1)
@@ -167,9 +168,9 @@ def test_another_origin_than_the_service_s_is_not_taken_for_the_service(dead):
         endpoint = ServiceEndpoint("extractor", f"{service.base_url}/fhir", setting="services.extractor.base_url")
         with ServiceClient(endpoint, TLS, ONE_ATTEMPT) as client:
             with pytest.raises(ServiceError) as elsewhere:
-                client.request("GET", f"{dead}/files/a.ndjson", operation="download")
+                client.request("GET", f"{dead}/files/a.ndjson", deadline=A_MINUTE, operation="download")
             with pytest.raises(ServiceError) as redirected:
-                client.request("GET", "/fhir/files/a.ndjson", operation="download")
+                client.request("GET", "/fhir/files/a.ndjson", deadline=A_MINUTE, operation="download")
 
     for raised in (elsewhere, redirected):
         assert "ConnectError" in str(raised.value) and "nothing answers" not in str(raised.value)
@@ -179,6 +180,6 @@ def test_a_connection_lost_mid_answer_is_not_told_as_nothing_answering():
     with LoopbackServer(EchoHandler, EchoState([Reply(reset=True)])) as service:
         endpoint = ServiceEndpoint("validation", service.base_url, setting="services.validation.url")
         with ServiceClient(endpoint, TLS, ONE_ATTEMPT) as client, pytest.raises(ServiceError) as raised:
-            client.request("GET", "/metadata", operation="read metadata")
+            client.request("GET", "/metadata", deadline=A_MINUTE, operation="read metadata")
 
     assert "network error" in str(raised.value) and "nothing answers" not in str(raised.value)

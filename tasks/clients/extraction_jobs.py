@@ -6,6 +6,7 @@ explained. No Prefect.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from urllib.parse import quote
 import httpx
 
 from tasks.core.json_shapes import as_object, as_objects, JsonObject
-from tasks.clients.bounds import MB
+from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import ServiceError, json_or_none
 from tasks.clients.extraction_documents import (
     CRTDL_REFUSALS,
@@ -51,6 +52,10 @@ TASK_PRIORITY_FOR = {"high": "asap", "normal": "routine"}
 STALE_VERSION = (409, 412)
 PRIORITY_ATTEMPTS = 5
 COHORT_PREVIEW_TIMEOUT = timedelta(minutes=10)
+TASK_DEADLINE = functools.partial(Deadline, TASK_TIMEOUT, "the Task API's deadline, 10 s")
+COHORT_PREVIEW_DEADLINE = functools.partial(
+    Deadline, COHORT_PREVIEW_TIMEOUT, "the cohort preview's deadline, 10 min"
+)
 CONSENT_AUDIT_TEXT = "Consent audit NDJSON"
 MAX_TASK_ANSWER_BYTES = 32 * MB
 """The most of a Task API answer that is read: a Task is a few KB, so this holds a search over
@@ -224,6 +229,7 @@ class ExtractionTaskClient(ServiceClient):
                 operation="search extraction jobs",
                 params=params,
                 headers=headers,
+                deadline=TASK_DEADLINE,
                 max_answer_bytes=MAX_TASK_ANSWER_BYTES,
                 too_large_hint=TOO_MANY_JOBS,
             )
@@ -313,7 +319,7 @@ class ExtractionTaskClient(ServiceClient):
             "PUT",
             job_id,
             operation="set extraction job priority",
-            content=json.dumps(update).encode(),
+            body=json.dumps(update).encode(),
             headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
             status_hints={428: IF_MATCH_SENT},
         )
@@ -345,7 +351,8 @@ class ExtractionTaskClient(ServiceClient):
             "POST",
             "/fhir/$evaluate-cohort",
             operation="preview cohort",
-            content=crtdl,
+            body=crtdl,
+            deadline=COHORT_PREVIEW_DEADLINE,
             timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
             status_hints={**CRTDL_REFUSALS, 404: unsupported, 405: unsupported},
             max_answer_bytes=MAX_COHORT_ANSWER_BYTES,
@@ -374,6 +381,7 @@ class ExtractionTaskClient(ServiceClient):
                 method,
                 path,
                 operation=operation,
+                deadline=TASK_DEADLINE,
                 max_answer_bytes=MAX_TASK_ANSWER_BYTES,
                 too_large_hint=NOT_THE_SERVER,
                 **kwargs,

@@ -180,7 +180,7 @@ class ServiceClient(Closing):
         max_answer_bytes: int = MAX_ANSWER_BYTES,
         too_large_hint: str = TOO_LARGE_HINT,
         status_hints: Mapping[int, str] | None = None,
-        deadline: Callable[[], Deadline] | None = None,
+        deadline: Callable[[], Deadline],
         answers: Container[int] = (),
         **request_kwargs: Any,
     ) -> httpx.Response:
@@ -189,21 +189,18 @@ class ServiceClient(Closing):
         Note:
         - ``once``: for a call that could create or destroy something twice (no retry).
         - ``deadline`` makes each attempt's whole-request deadline (``answer_within``); a cancel of
-          the fan-out then ends the attempt at once (for requests that may be sent again).
+          the fan-out ends the attempt at once.
         - A 4xx/5xx not in ``answers`` is a ``ServiceError`` with the fix ``status_hints`` knows.
         """
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:
             with contextlib.ExitStack() as stack:
-                if deadline is None:
-                    response = stack.enter_context(self.http.stream(method, url, **request_kwargs))
-                else:  # a cancelled fan-out ends the answer at once
-                    bound = deadline()
-                    stack.enter_context(stopping(bound.shut_down))
-                    response = stack.enter_context(
-                        answer_within(self.http, bound, method, url, **where, **request_kwargs)
-                    )
+                bound = deadline()
+                stack.enter_context(stopping(bound.shut_down))
+                response = stack.enter_context(
+                    answer_within(self.http, bound, method, url, **where, **request_kwargs)
+                )
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
                 body = read_answer(
