@@ -167,6 +167,19 @@ class MemberPath:
         return data_and_paths(_walk_items(self.members, Item(data, path)))
 
 
+def single_keys(columns: list[Any], path: TypePath) -> tuple[str, ...] | None:
+    """Each column's JSON key if every column is one single-valued member at ``path``."""
+    keys = []
+    for column in columns:
+        evaluate = column.evaluate
+        if column.collection or not isinstance(evaluate, MemberPath):
+            return None
+        if (plan := evaluate.plan(path)) is None or not plan.single or not plan.key:
+            return None
+        keys.append(plan.key)
+    return tuple(keys)
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """A member path for one focus type: ``(kind, key, argument, type path)`` per step."""

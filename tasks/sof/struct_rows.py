@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 import re2
 
-from tasks.sof.compiled import single_keys
+from tasks.sof.fhirpath import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
 from tasks.sof.fhirpath import Operation, TypePath
 from tasks.sof.output import CsvWriter, json_lines

@@ -10,19 +10,17 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property, partial
 from itertools import chain, islice
-from math import prod
 from typing import Any
 
 from tasks.core.json_shapes import as_array, JsonObject
 from tasks.core.names import show_text
-from tasks.sof.compiled import CACHED_ROWS, RowsAt, compile_view_rows
-from tasks.sof.compiled_code import PARSED, RowsOf, generated_rows
+from tasks.sof.compiled_code import KEPT, PARSED, RowsOf, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain
+from tasks.sof.fhirpath import Compiled, TypePath, compile_path, plain, single_keys
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS, Env
 from tasks.sof.struct_rows import BlockCsv, block_csv
 from tasks.sof.type_filters import refuse_other_types
@@ -38,6 +36,8 @@ _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'")
 _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum", "sct", "loinc"}
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
+CACHED_ROWS = 10_000
+"""Rows of a resource the generated function gives at most, and the general way keeps as a list."""
 Focus = tuple[Any, TypePath]
 """What an expression is evaluated on: the element's JSON data and its FHIR type path."""
 
@@ -77,37 +77,34 @@ class Select:
     names: list[str]
     null_row: Row
     indexed: bool = True
+    planned: dict[TypePath, tuple[str, ...] | None] = field(default_factory=dict)
+    """Per focus type, the columns' JSON keys where each is one single-valued member"""
+    producers: list[Callable[[Focus, Env], Iterable[Row]]] = field(init=False)
+    """What gives each part of the product: each nested select's rows, then unionAll's"""
+
+    def __post_init__(self) -> None:
+        self.producers = [s.rows if s.iteration else s._rows_at for s in self.selects]
+        self.producers += [self._union] if self.union else []
 
     def rows(self, focus: Focus, env: Env) -> Iterable[Row]:
-        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator."""
+        """The select's rows at ``focus``: a list when few and at hand, else an iterator."""
         if self.iteration is None:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
-            return self._each_lazily(list(self._repeated(focus, env)), 0, env)
+            return chain.from_iterable(self._each(list(self._repeated(focus, env)), env))
         elements = self.evaluated(self.iterate[0], focus, env)
         if len(elements) == 1:  # the usual case: one element, its rows as they are
-            return self._rows_at(elements[0], self._indexed(env, 0))
-        return self._each(elements, env)
-
-    def _each(self, elements: list[Focus], env: Env) -> Iterable[Row]:
-        """Each element's rows in turn: a tuple while few and at hand, the rest lazily."""
+            return self._rows_at(elements[0], {**env, "rowIndex": 0} if self.indexed else env)
         if not elements:
-            return (self.null_row,) if self.iteration == "forEachOrNull" else ()
-        collected: list[Row] = []
-        for position, element in enumerate(elements):
-            rows = self._rows_at(element, self._indexed(env, position))
-            if not isinstance(rows, tuple) or len(collected) + len(rows) > CACHED_ROWS:
-                return chain(collected, rows, self._each_lazily(elements, position + 1, env))
-            collected.extend(rows)
-        return tuple(collected)
+            return [self.null_row] if self.iteration == "forEachOrNull" else []
+        return _joined(self._each(elements, env))
 
-    def _each_lazily(self, elements: list[Focus], start: int, env: Env) -> Iterator[Row]:
-        for position in range(start, len(elements)):
-            yield from self._rows_at(elements[position], self._indexed(env, position))
-
-    def _indexed(self, env: Env, position: int) -> Env:
-        """``env`` with ``%rowIndex`` at ``position`` (``env`` itself where none reads it)."""
-        return {**env, "rowIndex": position} if self.indexed else env
+    def _each(self, elements: list[Focus], env: Env) -> Iterator[Iterable[Row]]:
+        """Each element's rows in turn, made when needed (``%rowIndex`` its position)."""
+        return (
+            self._rows_at(element, {**env, "rowIndex": position} if self.indexed else env)
+            for position, element in enumerate(elements)
+        )
 
     def _repeated(self, focus: Focus, env: Env) -> Iterator[Focus]:
         """Depth first, each element the repeat paths give, then its own (no recursion)."""
@@ -144,19 +141,42 @@ class Select:
         )
 
     def _rows_at(self, focus: Focus, env: Env) -> Iterable[Row]:
-        """The product of its columns', selects' and unionAll's rows; a tuple when small."""
+        """The product of its columns', selects' and unionAll's rows; a list when small."""
         data, path = focus
-        head = tuple([column.value(data, path, env) for column in self.columns])
-        if not self.selects and not self.union:
-            return (head,)
+        head = self._head(data, path, env)
+        if not self.producers:
+            return [head]
         parts: list[Part] = []
-        for select in self.selects:
-            parts.append(_part(partial(select.rows, focus, env)))
-            if not parts[-1]:
-                return ()
-        if self.union:
-            parts.append(_part(lambda: chain.from_iterable(b.rows(focus, env) for b in self.union)))
-        return _product(head, parts)
+        for produce in self.producers:
+            if type(part := produce(focus, env)) is not list:
+                part = _kept(part, partial(produce, focus, env))
+            if not part:
+                return []
+            if parts or type(part) is not list or len(part) != 1:
+                parts.append(part)
+            else:  # the usual case: a part's one row joined to the head at once
+                head += part[0]
+        if len(parts) == 1 and type(part) is not _Reproduced:  # at most CACHED_ROWS rows
+            return list(map(head.__add__, part))
+        return _product(head, parts) if parts else [head]
+
+    def _union(self, focus: Focus, env: Env) -> Iterable[Row]:
+        return _joined(branch.rows(focus, env) for branch in self.union)
+
+    def _head(self, data: Any, path: TypePath, env: Env) -> Row:
+        """The select's own columns' values at a focus.
+
+        Note: where each is one member key at that focus type (``planned``), the keys are looked
+        up at once (values ``plain`` keeps as they are); else column by column."""
+        try:
+            keys = self.planned[path]
+        except KeyError:
+            keys = self.planned[path] = single_keys(self.columns, path)
+        if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
+            row = tuple(map(data.get, keys))
+            if KEPT.issuperset(map(type, row)):
+                return row
+        return tuple([column.value(data, path, env) for column in self.columns])
 
 
 @dataclass(frozen=True)
@@ -169,26 +189,33 @@ class _Reproduced:
         return iter(self.produce())
 
 
-Part = tuple[Any, ...] | list[Any] | _Reproduced
+Part = list[Any] | _Reproduced
 
 
-def _part(produce: Callable[[], Iterable[Row]]) -> Part:
-    """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
-    if isinstance(rows := produce(), tuple):
-        return rows
+def _kept(rows: Iterable[Row], produce: Callable[[], Iterable[Row]]) -> Part:
+    """A part's ``rows`` (as ``produce`` gives them) up to ``CACHED_ROWS``, else reproduced."""
     kept = list(islice(rows, CACHED_ROWS + 1))
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(produce)
 
 
+def _joined(parts: Iterator[Iterable[Row]]) -> Iterable[Row]:
+    """The parts' rows in turn: a list while few and at hand, the rest lazily."""
+    collected: list[Row] = []
+    for rows in parts:
+        if type(rows) is not list or len(collected) + len(rows) > CACHED_ROWS:
+            return chain(collected, rows, chain.from_iterable(parts))
+        collected += rows
+    return collected
+
+
 def _product(head: Row, parts: list[Part]) -> Iterable[Row]:
     """``head`` joined with each combination of the parts' rows; lazy when many."""
-    sizes = [len(part) for part in parts if not isinstance(part, _Reproduced)]
-    if len(sizes) < len(parts) or prod(sizes) > CACHED_ROWS:
-        return _streamed_product(head, parts)
     rows = [head]
     for part in parts:
+        if isinstance(part, _Reproduced) or len(rows) * len(part) > CACHED_ROWS:
+            return _streamed_product(head, parts)
         rows = [row + extra for row in rows for extra in part]
-    return tuple(rows)
+    return rows
 
 
 def _streamed_product(prefix: Row, parts: list[Part]) -> Iterator[Row]:
@@ -211,12 +238,12 @@ class CompiledView:
     max_rows_per_resource: int
 
     @cached_property
-    def compiled(self) -> RowsAt | None:
-        """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
+    def compiled(self) -> RowsOf | None:
+        """The generated function; None outside its subset or if it reads ``%rowIndex``.
 
         Why: built at first use, as most views a job compiles are only checked.
         """
-        return None if self.root.indexed else compile_view_rows(self.root, self.resource)
+        return None if self.root.indexed else generated_rows(self.root, self.resource, CACHED_ROWS)
 
     @cached_property
     def parsed_rows(self) -> RowsOf | None:
@@ -249,8 +276,8 @@ class CompiledView:
         try:
             if not self._passes(focus, env):
                 return ()
-            # the compiled selects' rows, else the general way's (``%rowIndex``, many rows)
-            found = None if self.compiled is None else self.compiled(resource, self.resource, env)
+            # the generated function's rows, else the general way's (data not shaped as planned)
+            found = None if self.compiled is None else self.compiled(resource)
             rows = self.root.rows(focus, env) if found is None else found
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc

@@ -1,11 +1,11 @@
-"""Benchmark: the SQL-on-FHIR engine's three ways to a resource's rows, each view alone, next to orjson parsing.
+"""Benchmark: the SQL-on-FHIR engine's two ways to a resource's rows, each view alone, next to orjson parsing.
 
 Run: ``uv run python -m tests.benchmarks.bench_engine_ways [--patients 25000] [--rounds 3]``.
 
 Why: ``bench_views`` runs the example's views as ``view run`` does, where struct_rows' block path takes every line,
-so it cannot tell what the generated functions, the closures or the general way cost. A fold of one way into another
-is judged here: on views outside the generator's subset (``getResourceKey()``, ``unionAll``) and on data the
-generated function hands back, the closures are what runs.
+so it cannot tell what the generated functions or the general way cost. A change to either is judged here: on views
+outside the generator's subset (``getResourceKey()``, ``unionAll``) and on data the generated function hands back,
+the general way is what runs.
 
 Data: ``bench_views``' seeded files, one per type. Views: the example CRTDL's three (``plan_views``) and two of a
 user's kind. Each round, for every view: orjson parsing every line of its file (the anchor), then the rows of every
@@ -32,7 +32,7 @@ from tests.benchmarks.bench_views import parse_all, spread, write_own_type_files
 from tests.benchmarks.runs import load
 from tests.support.sof import in_one_way
 
-WAYS = ("generated", "closures", "general")
+WAYS = ("generated", "general")
 USER_VIEWS: dict[str, dict[str, Any]] = {
     "Condition keys": {
         "resource": "Condition",

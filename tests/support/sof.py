@@ -1,4 +1,4 @@
-"""The SQL-on-FHIR engine's columns and FHIRPaths over a few sample resources, a view run one of its three ways, and
+"""The SQL-on-FHIR engine's columns and FHIRPaths over a few sample resources, a view run one of its two ways, and
 the resources of NDJSON lines as the engine reads them."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from copy import copy
 from pathlib import Path
 from typing import Any
 
-from tasks.sof.compiled import compile_rows
 from tasks.sof.compiled_code import generated_rows
 from tasks.sof.fhirpath import Compiled, plain
 from tasks.sof.resources import line_resources, may_hold, parse_line
@@ -19,7 +18,7 @@ PATIENTS = [
     {"resourceType": "Patient", "id": "pt2", "name": [{"family": "f2"}]},
     {"resourceType": "Patient", "id": "pt3"},
 ]
-WAYS = ("generated", "closures", "general")
+WAYS = ("generated", "general")
 """How ``compile_view`` runs a view (docs/development.md, the engine section)."""
 
 IRREGULAR_CONDITIONS = [
@@ -101,15 +100,12 @@ def path_values(compiled: Compiled, resource: dict) -> list:
 
 
 def in_one_way(view: CompiledView, way: str) -> CompiledView:
-    """``view`` run only by its generated function, only by its closures, or only the general way. The general way
-    stays where the other two give no rows: a view outside the generator's subset or reading ``%rowIndex``, data not
-    shaped as planned, more than ``CACHED_ROWS`` rows."""
+    """``view`` run only by its generated function, or only the general way. The general way stays where the generated
+    function gives no rows: a view outside the generator's subset or reading ``%rowIndex``, data not shaped as planned,
+    more than ``CACHED_ROWS`` rows."""
     if way == "general" or view.root.indexed:
         return with_compiled(view, None)
-    if way == "closures":
-        return with_compiled(view, compile_rows(view.root))
-    generated = generated_rows(view.root, view.resource, CACHED_ROWS)
-    return with_compiled(view, None if generated is None else lambda data, path, env: generated(data))
+    return with_compiled(view, generated_rows(view.root, view.resource, CACHED_ROWS))
 
 
 def with_compiled(view: CompiledView, compiled: Any) -> CompiledView:
