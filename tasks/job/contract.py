@@ -367,8 +367,10 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
     Note: a list argument (a batch's files) is ``quote``d: Prefect would walk it twice looking for
     upstream results, some 1 KB per file. (Not on Dask, whose runner would hand the task the
     wrapper.)
+    Why: the committed transaction forgets its task run's, which the step's transaction keeps to
+    the step's end: its engine, with the batch's arguments (0.2 KB a file at the step's end).
     """
-    with transaction(commit_mode=CommitMode.EAGER):
+    with transaction(commit_mode=CommitMode.EAGER) as committed:
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
         given = [quote(arg) if isinstance(arg, list) else arg for arg in args]
@@ -379,8 +381,9 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
             if not files_gone(state, step.output_dir):
                 break
         result: R = state.result()
-        forget_links(result)
-        return result
+    committed.children.clear()  # a committed transaction never reads them again
+    forget_links(result)
+    return result
 
 
 def forget_links(result: Any) -> None:
