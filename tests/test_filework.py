@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 from tasks.job.contract import DataFile, StepInput, digest, settings_of
@@ -69,7 +70,7 @@ def test_file_tasks_get_the_steps_file_list_as_a_digest_and_their_keys_still_cov
     assert outcomes == ["batch-0.ndjson", "batch-1.ndjson", "batch-2.ndjson"]
     assert all(given.files == [] and given.files_digest for given in seen) and seen[0] is seen[2]
     assert len(seen[0].model_dump_json()) < 1_000
-    changed = step.model_copy(update={"files": [*files[:-1], files[-1].model_copy(update={"size": 1})]})
+    changed = step.model_copy(update={"files": [*files[:-1], replace(files[-1], size=1)]})
     assert changed.for_file_tasks().cache_identity() != seen[0].cache_identity()
 
 

@@ -6,6 +6,7 @@ No Prefect import: ``status`` uses it. See docs/development.md#the-job-record.
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -65,8 +66,13 @@ def as_record_error() -> Iterator[None]:
         raise RecordError(str(exc)) from None
 
 
-class FileEntry(BaseModel):
-    """A data file of a step's folder as the record keeps it (``DataFile`` is one)."""
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A data file of a step's folder as the record keeps it (``DataFile`` is one).
+
+    Why: a dataclass of slots, 80 bytes, not a model's 380: the flow holds one per file of a step
+    for the whole job.
+    """
 
     name: str
     size: int

@@ -5,6 +5,7 @@ No Prefect import: ``status`` reads records too.
 """
 
 import sys
+from dataclasses import is_dataclass
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
@@ -91,8 +92,8 @@ def foreign_names(value: Any) -> Iterator[str]:
 
 
 def is_product_model(name: str) -> bool:
-    """Whether ``name`` is a loaded pydantic model of ours (nothing is imported)."""
+    """Whether ``name`` is a loaded pydantic model or dataclass of ours (nothing is imported)."""
     module_name, _, attribute = name.rpartition(".")
     module = sys.modules.get(module_name) if module_name.split(".")[0] in PRODUCT_PACKAGES else None
     found = getattr(module, attribute, None)
-    return isinstance(found, type) and issubclass(found, BaseModel)
+    return isinstance(found, type) and (issubclass(found, BaseModel) or is_dataclass(found))
