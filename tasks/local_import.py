@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import Settings
-from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
+from tasks.job.contract import (
+    DataFile,
+    DataFiles,
+    StepInput,
+    StepResult,
+    each_file,
+    file_task,
+    settings_of,
+    step_task,
+)
 from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import name_key, show_text
@@ -103,7 +112,12 @@ def import_file(step: StepInput, source: str, name: str, identity: list[Any]) ->
     return DataFile.written(name, writer.stats)
 
 
-import_files = batch_task("import-files", "import", import_file)
+def import_file_batch(step: StepInput, label: str, files: list[tuple[Any, ...]]) -> DataFiles:
+    """A batch of ``import_file``, its files written as columns (``FileColumns``)."""
+    return DataFiles(files=each_file(import_file, step, files))
+
+
+import_files = file_task("import-files", "import[{label}]")(import_file_batch)
 
 
 def refuse_a_changed_source(path: Path, identity: list[Any]) -> None:

@@ -8,6 +8,7 @@ import base64
 import json
 import pickle
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,31 @@ def test_a_record_as_dupflow_writes_it_is_read_back_whole(tmp_path):
     assert store.exists(key)
     assert store.read(key).result == result
     assert read_result_record(Path(key))[1]["metadata"]["storage_key"] == key
+
+
+def test_a_step_record_holds_its_files_as_columns_and_one_written_as_a_list_is_read_too(tmp_path):
+    results = results_of(tmp_path)
+    store = store_over(results)
+    files = [DataFile(name="a", size=1, resources=1, modified_ns=7), DataFile(name="b", size=2, resources=3)]
+    result = StepResult(step="local_import", position=0, folder="import", files=files)
+    key = str(results / record_name())
+    store.persist_result_record(store.create_result_record(result, key=key))
+    document = read_result_record(Path(key))[1]
+    written = json.loads(document["result"])["data"]
+
+    assert written["files"] == {
+        "name": ["a", "b"],
+        "size": [1, 2],
+        "resources": [1, 3],
+        "bundles": [0, 0],
+        "bundled": [0, 0],
+        "modified_ns": [7, None],
+    }
+    assert store.read(key).result == result
+    written["files"] = [asdict(each) for each in files]  # as dupflow wrote it before
+    document["result"] = json.dumps({"__class__": "tasks.job.contract.StepResult", "data": written})
+    Path(key).write_text(json.dumps(document))
+    assert store_over(results).read(key).result == result
 
 
 @pytest.mark.slow  # mounts a file system

@@ -34,7 +34,7 @@ from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_fold
 from tasks.job.result_storage import JobResultStorage, persist_in_task
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats, remove_partial_files
-from tasks.job.record import FileEntry, StepRecord
+from tasks.job.record import FileColumns, FileEntry, StepRecord
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -70,6 +70,12 @@ class DataFile(FileEntry):
         except OSError:
             return False
         return found.st_size == self.size and self.modified_ns in (None, found.st_mtime_ns)
+
+
+class DataFiles(FileColumns):
+    """A batch's files (``local_import``'s), written as columns."""
+
+    files: list[DataFile]
 
 
 def core_first(file: DataFile) -> tuple[bool, str]:

@@ -6,12 +6,19 @@ No Prefect import: ``status`` uses it. See docs/development.md#the-job-record.
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from tasks.core.errors import JobError
 from tasks.core.json_shapes import JsonObject
@@ -98,7 +105,31 @@ class FileEntry:
         }
 
 
-class StepRecord(BaseModel):
+class FileColumns(BaseModel):
+    """A model whose ``files`` are written as one list per field (``StepRecord``, ``DataFiles``)."""
+
+    @field_serializer("files", when_used="json", check_fields=False)
+    def files_as_columns(self, files: Sequence[FileEntry]) -> dict[str, list[Any]]:
+        """Write the files as one list per field (``name``, ``size``, ...).
+
+        Why: as a list of objects, a step's 10,000 files took 0.7 KB a file of the flow's peak to
+        write (a dict each, the encoder's text of every key), for 0.15 KB a file written (an import
+        batch's 0.2 KB); as columns 65 bytes.
+        """
+        names = [field.name for field in fields(files[0])] if files else []
+        return {name: [getattr(each, name) for each in files] for name in names}
+
+    @field_validator("files", mode="before", check_fields=False)
+    @classmethod
+    def files_from_columns(cls, files: Any) -> Any:
+        """Read files written as columns (``files_as_columns``); a list as it is."""
+        if not isinstance(files, dict):
+            return files
+        rows = zip(*files.values(), strict=True)
+        return [dict(zip(files, row, strict=True)) for row in rows]
+
+
+class StepRecord(FileColumns):
     """A finished (or awaiting) step as the flow saw it (``StepResult`` is one)."""
 
     step: str

@@ -167,7 +167,7 @@ def job_record_card(job_id: str, flow_run_id: str) -> str:
 
 def step_results(job_dir: Path) -> dict[int, Any]:
     """The steps the job's newest flow run finished, by position, as ``status`` reads them (the run's task runs on
-    the server of ``PREFECT_API_URL``, each step's result record in the job folder): a step's record as JSON, a
+    the server of ``PREFECT_API_URL``, each step's result record in the job folder): a step's record as a dict, a
     gate's form answer; none before the job has a record or a run."""
     from flows.job_state import finished_steps, newest_run
     from tasks.job.record import StepRecord
@@ -175,7 +175,7 @@ def step_results(job_dir: Path) -> dict[int, Any]:
     if not (paths := JobPaths(job_dir)).job_file.is_file() or (run := newest_run(paths)) is None:
         return {}
     done = finished_steps(paths, read_record(job_dir).enabled_steps, run)
-    return {p: step.model_dump(mode="json") if isinstance(step, StepRecord) else step for p, step in done.items()}
+    return {p: step.model_dump() if isinstance(step, StepRecord) else step for p, step in done.items()}
 
 
 def put_flow_run(api: Any, job_dir: Path, state_type: str, state_name: str, message: str = "") -> str:
