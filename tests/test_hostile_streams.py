@@ -244,7 +244,7 @@ def test_a_symlink_to_a_data_file_is_imported_and_other_names_are_still_ignored(
     os.mkfifo(tmp_path / "in" / "notes.fifo")
     (tmp_path / "in" / ".hidden.ndjson").symlink_to(tmp_path / "gone")
     assert find_ndjson_files(tmp_path / "in", recursive=False, jobs_dir=tmp_path / "jobs") == [
-        tmp_path / "in" / "linked.ndjson"
+        str(tmp_path / "in" / "linked.ndjson")
     ]
 
 

@@ -62,13 +62,15 @@ def test_an_empty_directory_with_subdirectories_hints_at_recursive(tmp_path):
     (tmp_path / "sub" / "a.ndjson").write_text("{}\n")
     with pytest.raises(LocalImportError, match="services.local_import.recursive: true"):
         find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")
-    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [tmp_path / "sub" / "a.ndjson"]
+    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [
+        str(tmp_path / "sub" / "a.ndjson")
+    ]
 
 
 def test_only_ndjson_files_are_picked_up(tmp_path):
     for name in ("a.ndjson", "b.ndjson.zst", "c.json", "notes.txt", ".hidden.ndjson"):
         (tmp_path / name).write_text("{}\n")
-    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
+    assert [Path(p).name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
         "a.ndjson",
         "b.ndjson.zst",
     ]
@@ -93,7 +95,7 @@ def test_ndjson_compressed_otherwise_than_with_zstd_is_an_error_naming_it(tmp_pa
 def test_a_checksum_or_backup_beside_a_data_file_is_passed_over(tmp_path):
     for name in ("Patient.ndjson.zst", "Patient.ndjson.zst.sha256", "Patient.ndjson.md5", "Patient.ndjson.bak"):
         (tmp_path / name).write_text("{}\n")
-    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
+    assert [Path(p).name for p in find_ndjson_files(tmp_path, recursive=False, jobs_dir=tmp_path / "jobs")] == [
         "Patient.ndjson.zst"
     ]
 
@@ -116,7 +118,9 @@ def test_a_recursive_scan_passes_the_jobs_directory_over(tmp_path):
     (tmp_path / "data" / "a.ndjson").write_text("{}\n")
     (tmp_path / "jobs" / "0d3f" / "import").mkdir(parents=True)
     (tmp_path / "jobs" / "0d3f" / "import" / "a.ndjson.zst").write_text("{}\n")
-    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [tmp_path / "data" / "a.ndjson"]
+    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [
+        str(tmp_path / "data" / "a.ndjson")
+    ]
 
 
 def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(tmp_path):
@@ -124,7 +128,7 @@ def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(t
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "a.ndjson").write_text("{}\n")
     assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [
-        tmp_path / "visible" / "a.ndjson"
+        str(tmp_path / "visible" / "a.ndjson")
     ]
 
 
