@@ -117,10 +117,9 @@ def _converted(
         )
     with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
         for group in _row_groups(reader, row_group_bytes):
-            writer.write_table(
-                pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS
-            )
-            rows += sum(batch.num_rows for batch in group)
+            table = pa.Table.from_batches(group, schema)
+            writer.write_table(table, row_group_size=ROW_GROUP_MAX_ROWS)
+            rows += table.num_rows
     return rows
 
 
