@@ -10,7 +10,7 @@ from io import BytesIO, TextIOWrapper
 from functools import partial
 from itertools import repeat
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 import re2
@@ -34,11 +34,11 @@ _TWO_OBJECTS = re2.compile(rb"\}[ \t\r]*\{")
 which only costs the line-by-line read. RE2: each search is a tenth of their alternation's time."""
 
 
-class _Element:
+class _Element(NamedTuple):
     """The keys a view reads from one kind of element, each with its element (or None)."""
 
-    def __init__(self, at: TypePath):
-        self.at, self.keys = at, dict[str, _Element | None]()
+    at: TypePath
+    keys: "dict[str, _Element | None]"
 
 
 def block_csv(view: Any, limit: int) -> BlockCsv | None:
@@ -47,7 +47,7 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
     Note: ``csv`` gives the block's CSV lines, then an empty text for each further line (one
     item a line, for ``LineSplitter.take_block``), or None where the block must be read line
     by line. ``limit``: a line's rows at most."""
-    root, names = _Element(view.resource), dict[str, str]()
+    root, names = _Element(view.resource, {}), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
     import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
@@ -136,7 +136,7 @@ def _walked(
                 return None
             continue
         at = operations[index + 1][3] if index + 1 < len(operations) else path
-        if not _read(element, key, _Element(at), names):
+        if not _read(element, key, _Element(at, {}), names):
             return None
         element = element.keys[key]  # type: ignore[assignment]  # _read: an element
     return element
