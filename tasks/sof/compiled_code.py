@@ -174,10 +174,9 @@ class _Writer:
         if len(parts) == 1:
             return parts[0]
         rows, lists = into or self.name("r"), [part for part, one in parts if not one]
+        # a nested select of one row is joined to its parent's columns (``compile_view``)
+        assert lists
         row = " + ".join(part if one else f"{part}[0]" for part, one in parts)
-        if not lists:
-            self.emit(indent, f"{rows} = {row}")
-            return rows, True
         size = f"len({lists[0]})" if len(lists) == 1 else self.name("n")
         if len(lists) > 1:  # the product's size tells which lists give more than one row
             self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
