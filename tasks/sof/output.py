@@ -150,8 +150,6 @@ def cell(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, str):
-        return value
     if isinstance(value, Decimal):
         return decimal_text(value)
     if isinstance(value, dict | list):
