@@ -43,10 +43,25 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 def write_parquet(
     csv_path: Path, view: JsonObject, parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
-    """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows."""
+    """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows.
+
+    Note: read in blocks of ``BLOCK_BYTES``; a row longer than a block (a large base64 or
+    collection cell) starts it again with blocks four times as large, up to
+    ``MAX_BLOCK_BYTES``."""
     schema = parquet_schema(view)
+    block = min(BLOCK_BYTES, row_group_bytes)
     with renamed_when_done(parquet_path) as temporary:
-        rows = _converted_in_blocks_of_its_rows(csv_path, schema, temporary, row_group_bytes)
+        while True:
+            try:
+                rows = _converted(csv_path, schema, temporary, row_group_bytes, block)
+                break
+            except pa.ArrowInvalid as exc:
+                if _ROW_OVER_BLOCK not in str(exc) or block >= MAX_BLOCK_BYTES:
+                    problem = _arrow_problem(exc, schema)
+                    raise ViewError(
+                        f"{csv_path.name} cannot be written as Parquet: {problem}"
+                    ) from None
+                block *= 4
         with open(temporary, "rb") as written:  # pyarrow closed it unsynced
             close_synced(written)
         return rows
@@ -72,26 +87,6 @@ def parquet_schema(view: JsonObject) -> pa.Schema:
         agreed = kinds.count(kinds[0]) == len(kinds)
         schema.append((name, ARROW_TYPES.get(kinds[0], pa.string()) if agreed else pa.string()))
     return pa.schema(schema)
-
-
-def _converted_in_blocks_of_its_rows(
-    csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int
-) -> int:
-    """``_converted`` in blocks of ``BLOCK_BYTES``, or larger ones for long rows.
-
-    Note: a row longer than a block (a large base64 or collection cell) starts it again
-    with blocks four times as large, up to ``MAX_BLOCK_BYTES``."""
-    block = min(BLOCK_BYTES, row_group_bytes)
-    while True:
-        try:
-            return _converted(csv_path, schema, parquet_path, row_group_bytes, block)
-        except pa.ArrowInvalid as exc:
-            if _ROW_OVER_BLOCK not in str(exc) or block >= MAX_BLOCK_BYTES:
-                problem = _arrow_problem(exc, schema)
-                raise ViewError(
-                    f"{csv_path.name} cannot be written as Parquet: {problem}"
-                ) from None
-            block *= 4
 
 
 def _converted(
