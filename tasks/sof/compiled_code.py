@@ -245,28 +245,24 @@ class _Writer:
         if self.fields is not None:  # values as decoded; a chain that ended early: no cell
             if len(plan.operations) > 1:
                 self.emit(indent, f"if {value} is None:", f"{value} = ''")
-        elif self.cells:
-            self.as_cell(value, indent)
+        elif self.cells:  # a ``PARSED`` value as its CSV cell; any other type: given up
+            self.emit(
+                indent,
+                f"if type({value}) is not str:",
+                f"if {value} is None:",
+                f"    {value} = ''",
+                f"elif {value} is True:",
+                f"    {value} = 'true'",
+                f"elif {value} is False:",
+                f"    {value} = 'false'",
+                f"elif type({value}) is int:",
+                f"    {value} = str({value})",
+                "else:",
+                f"    {IRREGULAR}",
+            )
         else:
             self.give_up_if(f"type({value}) not in KEPT", indent)
         return value
-
-    def as_cell(self, value: str, indent: int) -> None:
-        """Code making a ``PARSED`` value its CSV cell, giving up at any other type."""
-        self.emit(
-            indent,
-            f"if type({value}) is not str:",
-            f"if {value} is None:",
-            f"    {value} = ''",
-            f"elif {value} is True:",
-            f"    {value} = 'true'",
-            f"elif {value} is False:",
-            f"    {value} = 'false'",
-            f"elif type({value}) is int:",
-            f"    {value} = str({value})",
-            "else:",
-            f"    {IRREGULAR}",
-        )
 
     def built(
         self,
