@@ -131,7 +131,7 @@ class _Writer:
             found = f"[{focus}]"
             if len(plan.operations) > 1:
                 found = self.walk(plan.operations[:-1], focus, indent)
-            self.built(self.grouped(found, key, at, indent), text, rows, select, plan.path)
+            self.built(self.grouped(found, key, at, indent), key, text, rows, select, plan.path)
             if select.iteration == "forEachOrNull":
                 self.emit(indent, f"if not {rows}:", f"{rows} = [{self.constant(null_row)}]")
             return rows, False
@@ -267,17 +267,18 @@ class _Writer:
     def built(
         self,
         where: _Where,
+        key: str,
         text: str | None,
         rows: str,
         select: Any,
         path: TypePath,
     ) -> None:
-        """Code making in ``where``'s pass the row of each element it keeps for ``text``.
+        """Code making in ``where``'s pass the row of each element whose ``key`` is ``text``.
 
         Note: the select's columns, added to the list ``rows``."""
         indent, lines, constant = where.indent + 2, self.lines, self.constant(text)
         self.checked.add((where.element, path, indent))  # checked as the pass read it
-        self.known[(where.element, where.key)] = constant  # its column: the text
+        self.known[(where.element, key)] = constant  # its column: the text
         self.lines = []
         part, _ = self.rows_at(select, where.element, path, indent)
         self.emit(indent, f"{rows}.append({part})")
@@ -382,7 +383,7 @@ class _Writer:
         """The one pass over ``found`` of the block's ``where(key = 'text')`` tests there."""
         known = (found, key, at, indent)
         if known not in self.groups:
-            where = self.groups[known] = _Where(indent, key)
+            where = self.groups[known] = _Where(indent)
             self.lines.append(where.initial)
             where.element, where.child = self.each_member(found, key, at, indent)
             self.lines.append(where.branches)
@@ -405,8 +406,8 @@ class _Where:
     Note: for each text, the elements whose ``key`` is that text, or their rows: compared,
     not hashed into a dict (a list per text and select, no ``setdefault``)."""
 
-    def __init__(self, indent: int, key: str):
-        self.indent, self.key, self.element, self.child = indent, key, "", ""
+    def __init__(self, indent: int):
+        self.indent, self.element, self.child = indent, "", ""
         self.texts: dict[str | None, tuple[str, Lines]] = {}
         """text: the name of its constant, then the lines adding to each of its lists"""
         self.lists: list[str] = []
