@@ -16,7 +16,7 @@ from tasks.sof.fhirpath import MemberPath, Operation, Plan, TypePath
 from tasks.sof.shapes import Row
 
 MAX_GENERATED_DEPTH = 8
-"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one
+"""Nested selects beyond this are left to the general way (Python allows 20 nested blocks in one
 function)."""
 KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
 """Values a column gives as they are (``plain`` changes floats)."""
@@ -461,7 +461,7 @@ def column_plan(column: Any, path: TypePath) -> Plan | None:
 def member_plan(evaluate: Any, path: TypePath) -> Plan | None:
     """The plan from focus type ``path`` of member and where() steps; else None.
 
-    Note: ``$this``, no step at all, is left to the closures."""
+    Note: ``$this``, no step at all, is left to the general way."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
