@@ -211,6 +211,45 @@ def test_a_view_outside_the_generator_gives_the_rows_of_one_inside_it_joined(res
     assert list(outside.rows(resource)) == expected
 
 
+OFFICIAL_PERIODS = {
+    "resource": "Patient",
+    "select": [
+        {"column": [{"name": "id", "path": "id"}]},
+        {
+            "forEach": "name.where(use = 'official')",
+            "column": [{"name": "family", "path": "family"}],
+            "select": [{"forEach": "period", "column": [{"name": "start", "path": "start"}]}],
+        },
+    ],
+}
+NAMED_PATIENTS = [
+    {
+        "resourceType": "Patient",
+        "id": "a",
+        "name": [
+            {"use": "official", "family": "f", "period": {"start": "2020"}},
+            {"use": "usual", "family": "u", "period": {"start": "2021"}},
+            {"use": "official", "family": "g", "period": {"start": "2022"}},
+        ],
+    },
+    {"resourceType": "Patient", "id": "b", "name": [{"use": "official", "family": "h"}]},
+    {"resourceType": "Patient", "id": "c", "name": [{"use": "official", "period": [{"start": "x"}, None]}]},
+    {"resourceType": "Patient", "id": "d", "name": [None, "text", {"use": ["official"]}]},
+]
+
+
+def test_an_iteration_over_a_member_of_a_where_gives_the_rows_the_general_way_gives():
+    """A ``forEach`` over ``name.where(use = 'official')``, then over each one's ``period``: the generator's where step
+    inside a chain, on regular and irregular data."""
+    view = compile_view(OFFICIAL_PERIODS)
+    general = with_compiled(view, None)
+
+    assert view.compiled is not None and view.compiled(NAMED_PATIENTS[0]) is not None
+    assert list(view.rows(NAMED_PATIENTS[0])) == [("a", "f", "2020"), ("a", "g", "2022")]
+    for resource in NAMED_PATIENTS:
+        assert list(view.rows(resource)) == list(general.rows(resource))
+
+
 def test_a_column_of_several_values_is_the_same_error_compiled():
     view = compile_view({"resource": "Condition", "select": [{"column": [{"name": "note", "path": "note.text"}]}]})
     generated = generated_rows(view.root, "Condition", CACHED_ROWS)
