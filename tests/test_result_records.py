@@ -22,6 +22,7 @@ from tasks.job.record import RecordError
 from tasks.job.result_records import read_result_record
 from tasks.job.result_storage import JobResultStorage
 from tasks.streams.files import JobWriteError
+from tasks.streams.spans import Piece
 from tests.conftest import run_cli, run_cli_here
 from tests.support.filesystem import fill, small_tmpfs
 from tests.support.jobs import job_file, source_dir, step_results
@@ -101,6 +102,7 @@ def test_a_record_rewritten_to_name_pickle_is_set_aside_undecoded_and_is_no_cach
         pytest.param({"__class__": "subprocess.Popen", "data": ["true"]}, id="a class of the library"),
         pytest.param({"__exc_type__": "planted_module.Boom", "message": "x"}, id="an exception type"),
         pytest.param({"__class__": "tasks.job.contract.settings_of", "data": {}}, id="a function of ours"),
+        pytest.param({"__class__": f"{Piece.__module__}.Piece", "data": {}}, id="a dataclass of ours, no file"),
     ],
 )
 def test_a_json_record_naming_foreign_code_is_refused_before_anything_is_imported(tmp_path, monkeypatch, named):

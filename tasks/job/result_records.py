@@ -5,7 +5,6 @@ No Prefect import: ``status`` reads records too.
 """
 
 import sys
-from dataclasses import is_dataclass
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 from typing import Any
@@ -14,7 +13,7 @@ from pydantic import BaseModel
 
 from tasks.core.json_shapes import JsonObject
 from tasks.core.jsonfile import MB, parse_json_document, read_limited
-from tasks.job.record import RecordError, as_record_error
+from tasks.job.record import FileEntry, RecordError, as_record_error
 
 MAX_RESULT_BYTES = 64 * MB  # a batch of 3,000 files' record is some 4 MB
 RESULT_SERIALIZER = {  # Prefect's JSONSerializer with its defaults: ``result_serializer="json"``
@@ -92,8 +91,11 @@ def foreign_names(value: Any) -> Iterator[str]:
 
 
 def is_product_model(name: str) -> bool:
-    """Whether ``name`` is a loaded pydantic model or dataclass of ours (nothing is imported)."""
+    """Whether ``name`` is a loaded pydantic model or file entry of ours (nothing is imported).
+
+    Note: a file entry is a dataclass (``DataFile``), in a flattening batch's result.
+    """
     module_name, _, attribute = name.rpartition(".")
     module = sys.modules.get(module_name) if module_name.split(".")[0] in PRODUCT_PACKAGES else None
     found = getattr(module, attribute, None)
-    return isinstance(found, type) and (issubclass(found, BaseModel) or is_dataclass(found))
+    return isinstance(found, type) and issubclass(found, (BaseModel, FileEntry))
