@@ -34,8 +34,6 @@ from tasks.sof.errors import ResourceLineError
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
-    GroupPlan,
-    PieceSource,
     RouteCounts,
     Router,
     bare_routes,
@@ -43,6 +41,7 @@ from tasks.sof.flatten import (
     parquet_file,
     routes_by_provenance,
     routes_json,
+    routes_path,
 )
 from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import parse_line
@@ -141,10 +140,11 @@ def flatten_batch(
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
     parts_dir = step.output_dir / PARTS_FOLDER
-    planned = pieces_plan(
-        step.input_dir,
+    planned = FilePlan(
+        str(step.input_dir),
         [piece for piece, _ in pieces],
-        parts_dir,
+        str(parts_dir),
+        pieces[0][0].folder,
         plan.groups,
         plan.skipped_ids,
         by_provenance,
@@ -235,37 +235,6 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
             )
 
 
-def pieces_plan(
-    input_dir: Path,
-    pieces: list[Piece],
-    parts_dir: Path,
-    groups: tuple[GroupPlan, ...],
-    skipped_ids: tuple[str, ...],
-    by_provenance: bool,
-    max_line_bytes: int,
-) -> FilePlan:
-    """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
-
-    sources = tuple(
-        PieceSource(
-            str(input_dir / piece.name),
-            piece.span,
-            # a span reads its file's bare routes where ``plan_pieces`` saved them
-            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
-        )
-        for piece in pieces
-    )
-    return FilePlan(
-        sources,
-        str(parts_dir),
-        pieces[0].folder,
-        groups,
-        skipped_ids,
-        by_provenance,
-        max_line_bytes,
-    )
-
-
 def plan_pieces(
     paths: Iterable[Path],
     parts_dir: Path,
@@ -288,10 +257,6 @@ def plan_pieces(
             write_file_atomically(routes_path(parts_dir, path.name), routes)
         pieces += [Piece(path.name, span, index, len(spans)) for index, span in enumerate(spans, 1)]
     return pieces
-
-
-def routes_path(parts_dir: Path, name: str) -> Path:
-    return parts_dir / f".{name}.routes.json"
 
 
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:

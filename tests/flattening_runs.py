@@ -26,12 +26,11 @@ from tasks.flattening import (
     PARTS_FOLDER,
     flatten_one,
     join_parts,
-    pieces_plan,
     plan_pieces,
     plan_views,
 )
 from tasks.job.flattening_plan import remember_plan
-from tasks.sof.flatten import routes_by_provenance
+from tasks.sof.flatten import FilePlan, routes_by_provenance
 from tasks.job.flattening_outcome import FlattenOutcome
 from tasks.streams.processes import worker_pool
 from tasks.streams.spans import SPAN_MIN_BYTES
@@ -64,10 +63,8 @@ def flatten_files(
             pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
             folder = paths[0].parent if paths else out_dir
             plan = remember_plan(views, skipped)
-            plans = [
-                pieces_plan(folder, [p], parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line_bytes)
-                for p in pieces
-            ]
+            shared = (plan.groups, plan.skipped_ids, by_provenance, max_line_bytes)
+            plans = [FilePlan(str(folder), [p], str(parts_dir), p.folder, *shared) for p in pieces]
             calls = [
                 partial(flatten_one, plan, piece.label, piece.span.lines or None, in_worker_process=processes > 1)
                 for piece, plan in zip(pieces, plans, strict=True)

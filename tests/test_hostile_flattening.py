@@ -34,7 +34,9 @@ from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import compile_path
 from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS
-from tasks.sof.flatten import FilePlan, GroupPlan, PieceSource, flatten_file
+from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
+from tasks.streams.ndjson import WHOLE_FILE
+from tasks.streams.spans import Piece
 from tasks.sof.resources import parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH
 from tests.conftest import REPO_ROOT, TESTDATA
@@ -576,7 +578,8 @@ def flattened_alone(tmp_path: Path, line: bytes, columns: list[dict]) -> Path:
     source.write_bytes(line + b"\n")
     group = GroupPlan("g", "p.csv", "Patient", json.dumps(view))
     with engine_errors_as_step_errors():
-        flatten_file(FilePlan((PieceSource(str(source)),), str(tmp_path / "parts"), "p1", (group,), (), False, 1 << 24))
+        pieces = [Piece(source.name, WHOLE_FILE, 1, 1)]
+        flatten_file(FilePlan(str(tmp_path), pieces, str(tmp_path / "parts"), "p1", (group,), (), False, 1 << 24))
     return tmp_path / "parts" / "p1" / "p.csv"
 
 

@@ -10,7 +10,9 @@ import pytest
 
 from tasks.sof.fhirpath import _interpreted, compile_path, member_steps
 from tasks.sof.fhirpath_shared import MODEL
-from tasks.sof.flatten import FilePlan, GroupPlan, PieceSource, flatten_file
+from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
+from tasks.streams.ndjson import WHOLE_FILE
+from tasks.streams.spans import Piece
 from tasks.sof.output import csv_cells, json_bytes
 from tasks.sof.resources import line_resources, parse_line, read_rows
 from tasks.sof.view import compile_view
@@ -121,7 +123,8 @@ def test_the_flattener_reads_lines_by_orjson_first_and_a_resource_a_view_reads_a
     lines = [{"resourceType": "Bundle", "entry": entries}, entries[1]["resource"] | {"id": "c"}]
     source.write_bytes(b"".join(json_bytes(line) + b"\n" for line in lines))
     group = GroupPlan("g", "obs.csv", "Observation", json.dumps(view))
-    plan = FilePlan((PieceSource(str(source)),), str(tmp_path / "parts"), "f", (group,), (), False, 1 << 20)
+    pieces = [Piece(source.name, WHOLE_FILE, 1, 1)]
+    plan = FilePlan(str(tmp_path), pieces, str(tmp_path / "parts"), "f", (group,), (), False, 1 << 20)
     parts = flatten_file(plan)
     assert (tmp_path / "parts" / "f" / "obs.csv").read_text() == "a,1.50\nb,7\nc,7\n"
     assert parts["rows"] == [3]

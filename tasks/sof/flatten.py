@@ -19,7 +19,7 @@ from typing import IO, Protocol, TypedDict
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
-from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
+from tasks.streams.ndjson import iter_lines
 from tasks.streams.processes import CancelCheck, CountCallback, never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.fhirpath_shared import reference_key
@@ -28,6 +28,7 @@ from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
 from tasks.sof.shapes import Row
+from tasks.streams.spans import Piece
 
 ATTRIBUTE_GROUP_SYSTEM = (
     "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
@@ -190,19 +191,14 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
-class PieceSource:
-    """The file ``path`` whole, or its ``span``; ``routes_file``: saved bare routes."""
-
-    path: str
-    span: Span = WHOLE_FILE
-    routes_file: str = ""
-
-
-@dataclass(frozen=True)
 class FilePlan:
-    """Pieces of the input to flatten (files, or one span), as a worker receives it."""
+    """Pieces of the input to flatten (files, or one span), as a worker receives it.
 
-    sources: tuple[PieceSource, ...]
+    Note: ``input_dir`` once, not a path per piece (5,000 pieces a batch, pickled to the worker).
+    """
+
+    input_dir: str
+    pieces: list[Piece]
     parts_dir: str
     folder: str
     groups: tuple[GroupPlan, ...]
@@ -336,9 +332,9 @@ def flatten_file(
     router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, counts)
     lines = 0
     try:
-        for piece in plan.sources:
-            parsed.source = source = Path(piece.path)
-            routes = routes_of(piece, plan)
+        for piece in plan.pieces:
+            parsed.source = source = Path(plan.input_dir, piece.name)
+            routes = routes_of(piece, source, plan)
             for number, line in iter_lines(source, plan.max_line_bytes, piece.span):
                 stop_if_cancelled()
                 router.route_line(parsed.parse(number, line), routes)
@@ -366,16 +362,18 @@ def flatten_file(
     )
 
 
-def routes_of(piece: PieceSource, plan: FilePlan) -> Routes:
-    """The piece's bare Provenance routes: the parent's for a span, else found here."""
+def routes_of(piece: Piece, source: Path, plan: FilePlan) -> Routes:
+    """The piece's bare Provenance routes: for a span where ``plan_pieces`` saved them."""
     if not plan.by_provenance:
         return {}
-    if piece.routes_file:
-        return {
-            key: set(groups)
-            for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()
-        }
-    return bare_routes(Path(piece.path), plan.max_line_bytes)
+    if piece.count > 1:
+        saved = routes_path(Path(plan.parts_dir), piece.name).read_bytes()
+        return {key: set(groups) for key, groups in json.loads(saved).items()}
+    return bare_routes(source, plan.max_line_bytes)
+
+
+def routes_path(parts_dir: Path, name: str) -> Path:
+    return parts_dir / f".{name}.routes.json"
 
 
 @lru_cache(maxsize=64)
