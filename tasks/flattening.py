@@ -236,27 +236,33 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
 
 
 def plan_pieces(
-    paths: Iterable[Path],
+    input_dir: Path,
+    files: Iterable[DataFile],
     parts_dir: Path,
     processes: int,
     by_provenance: bool,
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
-) -> list[Piece]:
-    """Return each input file whole, or cut into spans with several ``processes``.
+) -> list[FileToDo]:
+    """Return each input file whole, or cut into spans with several ``processes``, to do.
 
     Note: a file's content is counted only then; a cut file's bare Provenance routes are saved
-    once for its spans.
+    once for its spans. A piece's arguments: itself and its file's lines.
+    Why: its piece shares its file's name, not a copy; no map of the files by name.
     """
-    pieces = []
-    for path in paths:
+    to_do = []
+    for file in files:
+        path = input_dir / file.name
         spans = file_spans(path, processes, min_span_bytes) if processes > 1 else [WHOLE_FILE]
         if len(spans) > 1 and by_provenance:
             with engine_errors_as_step_errors():
                 routes = routes_json(bare_routes(path, max_line_bytes))
-            write_file_atomically(routes_path(parts_dir, path.name), routes)
-        pieces += [Piece(path.name, span, index, len(spans)) for index, span in enumerate(spans, 1)]
-    return pieces
+            write_file_atomically(routes_path(parts_dir, file.name), routes)
+        size = file.size if len(spans) == 1 else None  # a span's size is not known
+        for index, span in enumerate(spans, 1):
+            piece = Piece(file.name, span, index, len(spans))
+            to_do.append(FileToDo(piece.label, size, (piece, file.resources)))
+    return to_do
 
 
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
@@ -266,22 +272,16 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
     the input is scanned and cut).
     """
     in_processes = input_pays_for_processes(step.input_paths())
+    assert step.input_dir is not None
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
         by_provenance = routes_by_provenance(step.input_paths(), max_line_bytes)
         workers = pool_size() if in_processes else 1
-        pieces = plan_pieces(step.input_paths(), parts_dir, workers, by_provenance, max_line_bytes)
-        cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
-        expect_files(len(pieces), "pieces" if cut else "files")
-        inputs = {f.name: f for f in step.files}
-        to_do = [  # a span's size is not known
-            FileToDo(
-                p.label,
-                inputs[p.name].size if p.count == 1 else None,
-                (p, inputs[p.name].resources),
-            )
-            for p in pieces
-        ]
+        to_do = plan_pieces(
+            step.input_dir, step.input_files(), parts_dir, workers, by_provenance, max_line_bytes
+        )
+        cut = len(to_do) > len(step.files)  # a cut file's spans are counted one by one
+        expect_files(len(to_do), "pieces" if cut else "files")
         batches = run_batches(
             flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes
         )

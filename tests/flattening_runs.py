@@ -29,6 +29,7 @@ from tasks.flattening import (
     plan_pieces,
     plan_views,
 )
+from tasks.job.contract import DataFile
 from tasks.job.flattening_plan import remember_plan
 from tasks.sof.flatten import FilePlan, routes_by_provenance
 from tasks.job.flattening_outcome import FlattenOutcome
@@ -60,8 +61,11 @@ def flatten_files(
         # As the step does: the workers start while the input is scanned for routes and cut.
         with worker_pool("tasks.sof.flatten") if processes > 1 else nullcontext():
             by_provenance = routes_by_provenance(paths, max_line_bytes)
-            pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
             folder = paths[0].parent if paths else out_dir
+            files = [DataFile(path.name, path.stat().st_size, 0) for path in paths]
+            cut = spans or processes
+            to_do = plan_pieces(folder, files, parts_dir, cut, by_provenance, max_line_bytes, min_span_bytes)
+            pieces = [todo.args[0] for todo in to_do]
             plan = remember_plan(views, skipped)
             shared = (plan.groups, plan.skipped_ids, by_provenance, max_line_bytes)
             plans = [FilePlan(str(folder), [p], str(parts_dir), p.folder, *shared) for p in pieces]

@@ -132,7 +132,9 @@ def test_a_file_cut_into_spans_gives_the_bytes_of_the_whole_file(tmp_path, proce
     if compressed:
         path = zstd_copy(path)
     min_span = path.stat().st_size // 4  # of the file on disk: a zstd file is cut by its compressed size
-    pieces = plan_pieces([path], tmp_path / "pieces", 4, True, 10 * MB, min_span)
+    file = DataFile(name=path.name, size=path.stat().st_size, resources=1)
+    to_do = plan_pieces(path.parent, [file], tmp_path / "pieces", 4, True, 10 * MB, min_span)
+    pieces = [todo.args[0] for todo in to_do]
     assert [piece.label for piece in pieces] == [f"{path.name}#{i}/4" for i in range(1, 5)]
     first, *_, last = pieces
     assert any(b"bare-1" in line for _, line in iter_lines(path, MB, first.span))
