@@ -23,8 +23,8 @@ from tasks.job.contract import (
 from tasks.core.errors import StepError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import name_key, show_text
-from tasks.streams.fanout import raise_if_cancelled
-from tasks.job.filework import FileToDo, map_batches
+from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.job.filework import FileToDo, run_batches
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
 from tasks.streams.ndjson import DATA_SUFFIXES, output_name
@@ -66,7 +66,8 @@ def local_import(step: StepInput) -> StepResult:
     source = source_directory(step.job_input, settings.services.local_import.dir)
     to_do = files_to_do(source, settings, step.job_path.parent)
     with worker_pool():  # the line checks of the step's large plain files share its workers
-        imported = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
+        batches = run_batches(import_files, step, to_do, os.cpu_count() or 1)
+    imported = [file for batch in results_or_raise(batches) for file in batch.files]
     return step.result(imported, source=str(source))
 
 

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import (
-    DataFiles,
     StepInput,
     commit_each,
     data_files,
@@ -103,7 +102,7 @@ def map_batches(
     return [
         result
         for batch in results_or_raise(run_batches(batch_task, step, files, workers))
-        for result in (batch.files if isinstance(batch, DataFiles) else batch)
+        for result in batch
     ]
 
 
