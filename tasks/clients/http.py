@@ -6,7 +6,6 @@ Redirects go through the auth flow (credentials reach only the service's origin)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import ssl
@@ -195,12 +194,11 @@ class ServiceClient(Closing):
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:
-            with contextlib.ExitStack() as stack:
-                bound = deadline()
-                stack.enter_context(stopping(bound.shut_down))
-                response = stack.enter_context(
-                    answer_within(self.http, bound, method, url, **where, **request_kwargs)
-                )
+            bound = deadline()
+            with (
+                stopping(bound.shut_down),
+                answer_within(self.http, bound, method, url, **where, **request_kwargs) as response,
+            ):
                 if response.status_code not in answers:
                     raise_for_service_status(response, **where, hints=status_hints)
                 body = read_answer(
