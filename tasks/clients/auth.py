@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Generator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -70,7 +70,6 @@ def oauth2_client_class() -> type[OAuth2Client]:
     return client_class
 
 
-Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 AS_SENT = {"Accept-Encoding": "identity"}
 """Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound
@@ -93,18 +92,24 @@ def refuse_compressed(service: str, fix: str, response: httpx.Response) -> None:
         raise ServiceError(operation, response.status_code, message, service=service)
 
 
+class Origin(NamedTuple):
+    """Where credentials may go; shown as ``scheme://host:port``."""
+
+    scheme: str
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+
 def origin_of(url: httpx.URL | str) -> Origin:
     """Return (scheme, host, port) with the default port filled in.
 
     Why: https://h and https://h:443 are one origin.
     """
     url = httpx.URL(url)
-    return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0)
-
-
-def origin_text(origin: Origin) -> str:
-    scheme, host, port = origin
-    return f"{scheme}://{host}:{port}"
+    return Origin(url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0))
 
 
 # the monotonic clock that token lifetimes are measured on; one name, so a test can move it on
@@ -426,8 +431,8 @@ class ServiceAuth(httpx.Auth):
                 log.info(
                     "%s: sending no credentials to %s (not the service origin %s)",
                     self.service,
-                    origin_text(origin),
-                    origin_text(self.origin),
+                    origin,
+                    self.origin,
                 )
         if self._setting is not None and origin == self.origin:
             request.extensions[SERVICE_SETTING] = self._setting

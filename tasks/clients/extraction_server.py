@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tasks.clients.auth import ServiceAuth, origin_of, origin_text
+from tasks.clients.auth import ServiceAuth, origin_of
 from tasks.clients.bounds import MB, Deadline, answer_within, declared_size
 from tasks.clients.errors import (
     Call,
@@ -246,8 +246,8 @@ class ExtractionServerClient(Closing):
         if status in (401, 403) and foreign != home and self._auth.sends_credentials:
             message = (
                 f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on "
-                f"{origin_text(foreign)}, not on the origin of services.extractor.base_url "
-                f"({origin_text(home)}), and dupflow sends the credentials only there. Have the "
+                f"{foreign}, not on the origin of services.extractor.base_url "
+                f"({home}), and dupflow sends the credentials only there. Have the "
                 "extraction server name its status URLs under the address dupflow uses (TORCH: "
                 "torch.base.url), or set services.extractor.base_url to the server's address; "
                 "then continue the job (--attach STATUS_URL follows the job at a status URL "
@@ -316,9 +316,9 @@ class ExtractionServerClient(Closing):
             if origin not in allowed:
                 raise ExtractionError(
                     "the extraction server says its result files need an access token "
-                    f"(requiresAccessToken), but they are on {origin_text(origin)}, another "
+                    f"(requiresAccessToken), but they are on {origin}, another "
                     "origin than services.extractor.base_url; dupflow sends credentials only "
-                    f"where you approve: add {origin_text(origin)} to "
+                    f"where you approve: add {origin} to "
                     "services.extractor.file_origins if that file server is yours, then continue "
                     "the job"
                 )
