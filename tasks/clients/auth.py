@@ -309,8 +309,8 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
         auth.oauth_client_id,
         auth.oauth_client_secret,
     )
-    # AuthSettings refuses an OAuth block without all three
-    assert issuer is not None and client_id is not None and client_secret is not None
+    # AuthSettings refuses an OAuth block without all three (a blank key is None)
+    assert issuer and client_id and client_secret
     secret = client_secret.get_secret_value()
     key = (issuer.rstrip("/"), client_id, hashlib.sha256(secret.encode()).hexdigest())
     with _token_sources_lock:
