@@ -3,8 +3,6 @@
 See docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import logging
@@ -13,13 +11,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.utils import ChunksizeAdjuster
 
+from config.services import SendSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.s3_client import (
     SERVICE,
@@ -30,10 +29,6 @@ from tasks.clients.s3_client import (
 )
 from tasks.core.errors import StepError
 from tasks.streams.files import write_file_atomically
-
-if TYPE_CHECKING:
-    from config.services import SendSettings
-    from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
 

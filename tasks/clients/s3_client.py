@@ -3,8 +3,6 @@
 See docs/development.md#service-clients.
 """
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import logging
@@ -13,7 +11,7 @@ import re
 import ssl
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import boto3
@@ -30,7 +28,8 @@ from botocore.exceptions import (
 )
 from botocore.utils import get_environ_proxies
 
-from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
+from config.services import SendSettings
+from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT, RetrySettings, TlsSettings
 from tasks.clients.http import INSECURE_WARNING, http_timeout, trusted_context
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -43,10 +42,6 @@ from tasks.core.readable import truncate
 from tasks.core.redaction import RedactingFilter
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import write_file_atomically
-
-if TYPE_CHECKING:
-    from config.services import SendSettings
-    from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
 
