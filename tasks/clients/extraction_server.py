@@ -309,10 +309,8 @@ class ExtractionServerClient(Closing):
         an error names the origin and the key.
         """
         self.files_need_token = True
-        allowed = {origin_of(origin) for origin in self.settings.file_origins}
+        allowed = {self._auth.origin, *map(origin_of, self.settings.file_origins)}
         for origin in dict.fromkeys(origin_of(url) for url in urls):
-            if origin == self._auth.origin:
-                continue
             if origin not in allowed:
                 raise ExtractionError(
                     "the extraction server says its result files need an access token "
