@@ -268,12 +268,17 @@ class ExtractionServerClient(Closing):
         undone by a fresh submission, and a job whose Task is there is not lost. No answer is no
         proof.
         """
-        where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE, POLL_DEADLINE_SETTING)
         try:
             with answer_within(
-                self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where
+                self.http,
+                deadline,
+                "GET",
+                url,
+                headers=TASK_ACCEPT,
+                operation="read extraction job",
+                service=SERVICE,
             ) as answer:
                 task = (
                     as_object(json_or_none(bounded_answer(answer).content))

@@ -66,10 +66,15 @@ class Flattener:
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[JsonObject]:
         """Yield the rows of ``view`` over ``resources`` (compact JSON each) as they come."""
-        body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
-        request = {"params": {"_format": "ndjson"}, "headers": RUN_HEADERS, "body": body}
-        with self._answer("POST", RUN_PATH, operation, **request) as (response, deadline):
+        with self._answer(
+            "POST",
+            RUN_PATH,
+            operation,
+            params={"_format": "ndjson"},
+            headers=RUN_HEADERS,
+            body=run_parameters(view, resources),
+        ) as (response, deadline):
             lines = answer_lines(response, deadline, operation, self._service)
             for number, line in enumerate(lines, start=1):
                 if line.strip():
