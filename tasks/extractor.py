@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import httpx
 from prefect import get_run_logger
@@ -253,7 +254,7 @@ def wait_for_result(
     Note: at most ``retry.max_attempts`` times.
     """
     logger = get_run_logger()
-    reporter = ProgressReporter(step)
+    reporter = ProgressReporter(ProgressArtifact(step.artifact_key("progress")))
     attempts = settings_of(step).retry.max_attempts
     fresh_submissions = 0
     while True:
@@ -283,13 +284,13 @@ def wait_for_result(
         return handle, urls
 
 
+@dataclass
 class ProgressReporter:
     """Polling progress in the log (when it changes) and as a progress artifact."""
 
-    def __init__(self, step: StepInput):
-        self._artifact = ProgressArtifact(step.artifact_key("progress"))
-        self._last_text: str | None = None
-        self._percent = 0.0
+    _artifact: ProgressArtifact
+    _last_text: str | None = None
+    _percent: float = 0.0
 
     def __call__(self, progress: PollProgress) -> None:
         text = progress.describe()
