@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -54,16 +55,16 @@ def uncounted(amount: int) -> None:
     """The progress callback of work nobody follows."""
 
 
+@dataclass
 class SharedCount:
     """A count a worker process adds to and its caller reads, through a small file.
 
     Why: no manager process. Written at most every ``COUNT_WRITE_SECONDS``.
     """
 
-    def __init__(self, path: str):
-        self.path = path
-        self._count = 0
-        self._next_write = 0.0
+    path: str
+    _count: int = 0
+    _next_write: float = 0.0
 
     def add(self, amount: int) -> None:
         self._count += amount
