@@ -7,6 +7,7 @@ NDJSON. See docs/development.md#streams.
 from __future__ import annotations
 
 import errno
+import functools
 import itertools
 import os
 from collections.abc import Iterator
@@ -145,8 +146,11 @@ class AtomicNdjsonWriter:
         if self._checker is None and not is_zstd(source):
             self._raw.flush()
             with open(source, "rb", buffering=0) as data:
+                copy_piece = functools.partial(
+                    os.copy_file_range, data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES
+                )
                 try:
-                    copied = os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
+                    copied = copy_piece()
                 # not between these files (another file system since Linux 5.19), or no such call
                 except OSError as exc:
                     if exc.errno not in NO_KERNEL_COPY:
@@ -155,9 +159,7 @@ class AtomicNdjsonWriter:
                     while copied:
                         self._written += copied
                         yield copied
-                        copied = os.copy_file_range(
-                            data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES
-                        )
+                        copied = copy_piece()
                     if (size := data.seek(0, os.SEEK_END)) > 0:
                         self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
                     return
