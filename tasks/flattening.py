@@ -186,7 +186,7 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
 
     Note: the lines it has done reach ``progress`` while this thread waits.
     """
-    done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
+    done = SharedCount(f"{plan.parts_dir}/.{plan.folder}.count")
     done.remove()  # a count a killed run left
     shown = 0
 
