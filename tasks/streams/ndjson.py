@@ -84,8 +84,8 @@ def output_name(name: str, compress: bool) -> str:
     """
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
-        if stem.endswith(suffix) and len(stem) > len(suffix):
-            stem = stem[: -len(suffix)]
+        if len(stem) > len(suffix):
+            stem = stem.removesuffix(suffix)
     output = stem + (".ndjson.zst" if compress else ".ndjson")
     if problem := name_from_data_problem(output):
         raise UnsafeNameError(f"the file name {show_name(output)} {problem}; rename it")
