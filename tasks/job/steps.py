@@ -13,6 +13,7 @@ import httpx
 from prefect.artifacts import create_table_artifact
 
 from config.settings import Settings
+from config.yaml_file import file_identity
 from tasks.clients.downloads import download_ndjson
 from tasks.core.json_shapes import JsonObject
 from tasks.job.contract import StepInput
@@ -76,15 +77,8 @@ def file_shape(path: str | None) -> JsonObject:
     Why: so that an edit counts (a stat: the step reads the file once per run).
     Note: for the anonymization config or lookup file; None if not found (the step says why).
     """
-    try:
-        found = Path(path).stat() if path else None
-    except OSError:
-        found = None
-    return {
-        "path": path,
-        "size": found and found.st_size,
-        "modified_ns": found and found.st_mtime_ns,
-    }
+    modified_ns, size = file_identity(path) or (None, None)
+    return {"path": path, "size": size, "modified_ns": modified_ns}
 
 
 def write_answers(
