@@ -90,18 +90,18 @@ class FileToDo(NamedTuple):
 
 
 def map_batches(
-    batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int = 1
+    batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo]
 ) -> list[R]:
     """Each file's result of the step's ``batch_task`` over batches of ``files``.
 
     Note: in order; or, once every batch has ended (each finished one kept), the first failure
     raised.
-    Why: one batch at a time by default, on Dask too: a step sending its files through a service
-    keeps it busy with a file's own requests (``max_concurrent_requests`` is the step's).
+    Why: one batch at a time, on Dask too: a step sending its files through a service keeps it
+    busy with a file's own requests (``max_concurrent_requests`` is the step's).
     """
     return [
         result
-        for batch in results_or_raise(run_batches(batch_task, step, files, workers))
+        for batch in results_or_raise(run_batches(batch_task, step, files, 1))
         for result in batch
     ]
 
