@@ -26,25 +26,16 @@ class JobResultStorage(LocalFileSystem):
     Note: a record that fails the check is set aside as ``rejected-<name>`` and named in one line;
     Prefect takes it as missing, so the task runs again.
     Why: ``LocalFileSystem`` writes in place: a full disk left 0-byte records.
+    Note: the async methods run the sync ones (``_sync=True``: Prefect's ``async_dispatch``).
     """
 
     _block_type_name = "dupflow job results"
 
     async def aread_path(self, path: str) -> bytes:
-        return self._read(path)
+        return self.read_path(path, _sync=True)  # type: ignore[call-arg, return-value]
 
     @async_dispatch(aread_path)
     def read_path(self, path: str) -> bytes:  # type: ignore[override]  # as LocalFileSystem's own
-        return self._read(path)
-
-    async def awrite_path(self, path: str, content: bytes) -> str:
-        return self._write(path, content)
-
-    @async_dispatch(awrite_path)
-    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]  # likewise
-        return self._write(path, content)
-
-    def _read(self, path: str) -> bytes:
         record = self._resolve_path(path)
         if not record.exists():
             raise ValueError(f"Path {record} does not exist.")  # LocalFileSystem's: a cache miss
@@ -54,7 +45,11 @@ class JobResultStorage(LocalFileSystem):
             set_aside(record, str(exc))
             raise
 
-    def _write(self, path: str, content: bytes) -> str:
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return self.write_path(path, content, _sync=True)  # type: ignore[call-arg, return-value]
+
+    @async_dispatch(awrite_path)
+    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]  # likewise
         record = self._resolve_path(path)
         write_file_atomically(record, content)
         return str(record)
