@@ -5,7 +5,6 @@ contract.
 """
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from prefect._internal.compatibility.async_dispatch import async_dispatch
@@ -41,8 +40,10 @@ class JobResultStorage(LocalFileSystem):
             raise ValueError(f"Path {record} does not exist.")  # LocalFileSystem's: a cache miss
         try:
             return checked_result(record)
-        except RecordError as exc:
-            set_aside(record, str(exc))
+        except RecordError as exc:  # kept under another name: nothing is lost; said once
+            kept = record.with_name(REJECTED_PREFIX + record.name)
+            record.replace(kept)
+            log.warning("%s: kept as %s; its work is done again", exc, kept.name)
             raise
 
     async def awrite_path(self, path: str, content: bytes) -> str:
@@ -53,13 +54,6 @@ class JobResultStorage(LocalFileSystem):
         record = self._resolve_path(path)
         write_file_atomically(record, content)
         return str(record)
-
-
-def set_aside(record: Path, problem: str) -> None:
-    """Keep a rejected record under another name (nothing is lost), and say so once."""
-    kept = record.with_name(REJECTED_PREFIX + record.name)
-    record.replace(kept)
-    log.warning("%s: kept as %s; its work is done again", problem, kept.name)
 
 
 def persist_in_task(value: Any) -> None:
