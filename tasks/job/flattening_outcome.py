@@ -110,7 +110,12 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
     """Fail when the input had resources and no CSV has a row (step module doc, 6)."""
     if any(group.rows for group in outcome.groups):
         return
-    skipped = _skipped_groups(outcome)
+    skipped = (
+        " for lack of a lookup table: "
+        + _listed([f"{g.name!r} (profile {g.profile})" for g in outcome.skipped])
+        if outcome.skipped
+        else ""
+    )
     if not outcome.skipped_resources and not any(group.resources for group in outcome.groups):
         if outcome.unrouted or outcome.other_profile:
             _refuse_nothing_routed(outcome, skipped)
@@ -128,14 +133,6 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
         f"no CSV has a row: {'; '.join(reasons)}. Add a table for each skipped group's profile to "
         "the lookup file (services.flattening.lookup_path), or check that the CRTDL's attributes "
         "are in the data"
-    )
-
-
-def _skipped_groups(outcome: FlattenOutcome) -> str:
-    if not outcome.skipped:
-        return ""
-    return " for lack of a lookup table: " + _listed(
-        [f"{g.name!r} (profile {g.profile})" for g in outcome.skipped]
     )
 
 
