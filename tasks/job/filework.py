@@ -193,7 +193,19 @@ def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
     flow_run = FlowRunContext.get()
     assert flow_run is not None, "file_runner is entered by a flow run"
     with dask_runner(settings) as runner:
-        connect(runner, settings)
+        try:
+            runner.client  # noqa: B018 - the property connects (or starts the local cluster)
+        except (OSError, TimeoutError) as exc:
+            if settings.dask_address:
+                raise DupflowError(
+                    "pipeline.task_runner.dask_address: no Dask scheduler answers at "
+                    f"{settings.dask_address} ({exc}); start it (dask scheduler) or fix the address"
+                ) from None
+            raise DupflowError(
+                "pipeline.task_runner: the local Dask cluster of "
+                f"{settings.local_workers} worker(s) did not start ({exc}); lower "
+                "pipeline.task_runner.dask_workers or use kind: in_process"
+            ) from exc
         if not settings.dask_address:
             from tasks.job.dask_worker_log import WorkerLogToJobLog
 
@@ -220,19 +232,3 @@ def dask_runner(settings: TaskRunnerSettings) -> DaskTaskRunner:
         "env": {"PREFECT_API_URL": str(api_url)} if api_url else {},
     }
     return DaskTaskRunner(cluster_kwargs=cluster_kwargs, client_kwargs=client_kwargs)
-
-
-def connect(runner: DaskTaskRunner, settings: TaskRunnerSettings) -> None:
-    try:
-        runner.client  # noqa: B018 - the property connects (or starts the local cluster)
-    except (OSError, TimeoutError) as exc:
-        if settings.dask_address:
-            raise DupflowError(
-                "pipeline.task_runner.dask_address: no Dask scheduler answers at "
-                f"{settings.dask_address} ({exc}); start it (dask scheduler) or fix the address"
-            ) from None
-        raise DupflowError(
-            f"pipeline.task_runner: the local Dask cluster of {settings.local_workers} worker(s) "
-            f"did not start ({exc}); lower pipeline.task_runner.dask_workers or use kind: "
-            "in_process"
-        ) from exc
