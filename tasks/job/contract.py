@@ -380,19 +380,12 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
                 break
         result: R = state.result()
     committed.children.clear()  # a committed transaction never reads them again
-    forget_links(result)
-    return result
-
-
-def forget_links(result: Any) -> None:
-    """Drop the flow run's links from a list result's items to the task that made it.
-
-    Why: Prefect keeps one (about 0.2 KB) per item for the whole flow run, to find the upstream
-    task of a value passed to another task; a step's files never are.
-    """
+    # The flow run's link from each item of a list result to its task (about 0.2 KB each, kept
+    # for the whole run to find the upstream task of a value passed on): a step's files never are.
     if isinstance(result, list) and (flow_run := FlowRunContext.get()) is not None:
         for item in result:
             flow_run.run_results.pop(id(item), None)
+    return result
 
 
 def files_gone(state: State, folder: Path) -> bool:
