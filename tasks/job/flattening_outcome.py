@@ -196,7 +196,27 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
     if outcome.unknown_groups:
         listed = ", ".join(sorted(outcome.unknown_groups))
         log.warning("Provenance names attribute groups that are not in the CRTDL: %s", listed)
-    publish_artifact(outcome, step)
+    from prefect.artifacts import create_table_artifact  # the step's table artifact
+
+    table = [c.row() for c in outcome.groups]
+    table += [
+        GroupCounts(g, f"(skipped: no lookup table for {g.profile})", "").row()
+        for g in outcome.skipped
+    ]
+    for label, by_kind in (
+        ("(unrouted)", outcome.unrouted),
+        ("(of no group's profile)", outcome.other_profile),
+        ("(left out by the filters)", outcome.filtered_out),
+    ):
+        table += [
+            {"group": label, "id": "", "csv": kind, "resources": count, "rows": 0}
+            for kind, count in sorted(by_kind.items())
+        ]
+    create_table_artifact(
+        key=artifact_key(step.job_id, "flattening"),
+        table=table,
+        description=f"Flattening ({outcome.engine} engine, routed by {outcome.routing})",
+    )
 
 
 def report_selection(outcome: FlattenOutcome) -> None:
@@ -226,27 +246,3 @@ def report_selection(outcome: FlattenOutcome) -> None:
         log.info(
             "resources the attribute groups' CRTDL filters leave out (not in any CSV): %s", listed
         )
-
-
-def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
-    from prefect.artifacts import create_table_artifact
-
-    table = [c.row() for c in outcome.groups]
-    table += [
-        GroupCounts(g, f"(skipped: no lookup table for {g.profile})", "").row()
-        for g in outcome.skipped
-    ]
-    for label, counts in (
-        ("(unrouted)", outcome.unrouted),
-        ("(of no group's profile)", outcome.other_profile),
-        ("(left out by the filters)", outcome.filtered_out),
-    ):
-        table += [
-            {"group": label, "id": "", "csv": kind, "resources": count, "rows": 0}
-            for kind, count in sorted(counts.items())
-        ]
-    create_table_artifact(
-        key=artifact_key(step.job_id, "flattening"),
-        table=table,
-        description=f"Flattening ({outcome.engine} engine, routed by {outcome.routing})",
-    )
