@@ -14,7 +14,7 @@ import annotated_types
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from config.fields import Loc, loc_path
+from config.fields import loc_path
 from config.keys import model_at
 from tasks.core.errors import DupflowError
 from tasks.core.readable import counted
@@ -29,28 +29,6 @@ class ConfigError(DupflowError):
         super().__init__(
             f"invalid configuration ({counted(len(self.problems), 'problem')}):\n{lines}"
         )
-
-
-def _range_text(loc: Loc) -> str:
-    model = model_at(loc[:-1])
-    info = model.model_fields.get(str(loc[-1])) if model else None
-    bounds = {type(item): item for item in (info.metadata if info else [])}
-    low, high = bounds.get(annotated_types.Ge), bounds.get(annotated_types.Le)
-    if low and high:
-        return f"must be between {low.ge} and {high.le}; set a value in that range"
-    if low:
-        return f"must be at least {low.ge}; raise it"
-    if high:
-        return f"must be at most {high.le}; lower it"
-    return "is out of range; fix the value"
-
-
-def _unknown_key_text(loc: Loc) -> str:
-    model = model_at(loc[:-1])
-    valid = list(model.model_fields) if model else []
-    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return f"unknown key; {hint}remove or rename it (valid keys here: {', '.join(valid)})"
 
 
 _FIXED_TEXTS = {
@@ -72,12 +50,28 @@ _RANGE_TYPES = {"greater_than_equal", "less_than_equal"}
 
 
 def _describe(error: ErrorDetails) -> str:
-    """Our wording for one pydantic error (never its input value or documentation URL)."""
+    """Our wording for one pydantic error (never its input value or documentation URL).
+
+    Note: an unknown key and a number out of range are worded from the model that holds the key.
+    """
     kind, loc = error["type"], error["loc"]
+    model = model_at(loc[:-1])
+    fields = model.model_fields if model else {}
     if kind == "extra_forbidden":
-        return _unknown_key_text(loc)
+        close = difflib.get_close_matches(str(loc[-1]), list(fields), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"unknown key; {hint}remove or rename it (valid keys here: {', '.join(fields)})"
     if kind in _RANGE_TYPES:
-        return _range_text(loc)
+        info = fields.get(str(loc[-1]))
+        bounds = {type(item): item for item in (info.metadata if info else [])}
+        low, high = bounds.get(annotated_types.Ge), bounds.get(annotated_types.Le)
+        if low and high:
+            return f"must be between {low.ge} and {high.le}; set a value in that range"
+        if low:
+            return f"must be at least {low.ge}; raise it"
+        if high:
+            return f"must be at most {high.le}; lower it"
+        return "is out of range; fix the value"
     if kind == "literal_error":
         return f"must be one of {error['ctx']['expected']}; set one of those"
     if kind == "value_error":
