@@ -299,9 +299,23 @@ PROXY_AUTH_WITHOUT_ENDPOINT = (
 def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     if send.send_as is None:
         return [("services.send.send_as", _SEND_AS_MISSING)]
-    if send.send_as == "s3_upload":
-        return _s3_send_problems(send, info)
     reason = f"for send_as {send.send_as}"
+    if send.send_as == "s3_upload":
+        problems = [
+            _required(f"services.send.s3.{key}", reason)
+            for key in ("bucket", "region", "access_key_id", "secret_access_key")
+            if getattr(send.s3, key) is None
+        ]
+        if send.auth.uses_oauth:
+            problems.append(("services.send.auth", _S3_SEND_OAUTH))
+        elif send.auth.uses_basic and send.s3.endpoint is None:
+            problems.append(("services.send.auth", PROXY_AUTH_WITHOUT_ENDPOINT))
+        for key, value in (("auth.api_key", send.auth.api_key), ("url", send.url)):
+            if value is not None:
+                emit_warning(
+                    info, f"services.send.{key} is ignored with send_as s3_upload; remove it"
+                )
+        return problems
     problems = [_required("services.send.url", reason)] if send.url is None else []
     if not (send.auth.uses_basic or send.auth.uses_oauth):
         problems.append(("services.send.auth", _FHIR_SEND_AUTH.format(reason=reason)))
@@ -313,22 +327,6 @@ def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
         for key in keys
         if getattr(send.transfer, key) is None
     ]
-
-
-def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
-    problems = [
-        _required(f"services.send.s3.{key}", "for send_as s3_upload")
-        for key in ("bucket", "region", "access_key_id", "secret_access_key")
-        if getattr(send.s3, key) is None
-    ]
-    if send.auth.uses_oauth:
-        problems.append(("services.send.auth", _S3_SEND_OAUTH))
-    elif send.auth.uses_basic and send.s3.endpoint is None:
-        problems.append(("services.send.auth", PROXY_AUTH_WITHOUT_ENDPOINT))
-    for key, value in (("auth.api_key", send.auth.api_key), ("url", send.url)):
-        if value is not None:
-            emit_warning(info, f"services.send.{key} is ignored with send_as s3_upload; remove it")
-    return problems
 
 
 class Settings(ConfigModel):
