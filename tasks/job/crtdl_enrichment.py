@@ -47,12 +47,9 @@ def _groups_for(crtdl: JsonObject, rule: EnrichmentRule, warnings: list[str]) ->
 
     Note: none comes with a warning.
     """
-    if groups := [
-        group
-        for group in _existing_groups(crtdl)
-        if group.get("groupReference") == rule.group_reference
-    ]:
-        return groups
+    groups = _existing_groups(crtdl)
+    if found := [group for group in groups if group.get("groupReference") == rule.group_reference]:
+        return found
     if rule.create_if_not_exists is None:
         warnings.append(
             "CRTDL enrichment skipped a rule: no attribute group has groupReference "
@@ -60,7 +57,17 @@ def _groups_for(crtdl: JsonObject, rule: EnrichmentRule, warnings: list[str]) ->
             "(create_if_not_exists)"
         )
         return []
-    return [_create_group(crtdl, rule.group_reference, rule.create_if_not_exists.group_name)]
+    name = rule.create_if_not_exists.group_name
+    group = {
+        "id": _unique_id(name, groups),
+        "name": name,
+        "groupReference": rule.group_reference,
+        "attributes": [],
+    }
+    if crtdl.get("dataExtraction") is None:
+        crtdl["dataExtraction"] = {}
+    crtdl["dataExtraction"].setdefault("attributeGroups", groups).append(group)
+    return [group]
 
 
 def _existing_groups(crtdl: JsonObject) -> list[JsonObject]:
@@ -72,21 +79,6 @@ def _existing_groups(crtdl: JsonObject) -> list[JsonObject]:
     if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
         raise EnrichmentError("CRTDL dataExtraction.attributeGroups is not a list of objects")
     return groups
-
-
-def _create_group(crtdl: JsonObject, group_reference: str, group_name: str) -> JsonObject:
-    groups = _existing_groups(crtdl)
-    group_id = _unique_id(group_name, groups)
-    group = {
-        "id": group_id,
-        "name": group_name,
-        "groupReference": group_reference,
-        "attributes": [],
-    }
-    if crtdl.get("dataExtraction") is None:
-        crtdl["dataExtraction"] = {}
-    crtdl["dataExtraction"].setdefault("attributeGroups", groups).append(group)
-    return group
 
 
 def _unique_id(name: str, groups: list[JsonObject]) -> str:
