@@ -31,6 +31,7 @@ class JobResultStorage(LocalFileSystem):
     _block_type_name = "dupflow job results"
 
     async def aread_path(self, path: str) -> bytes:
+        # async_dispatch's _sync keyword runs the sync method (typed as the async one)
         return self.read_path(path, _sync=True)  # type: ignore[call-arg, return-value]
 
     @async_dispatch(aread_path)
@@ -47,6 +48,7 @@ class JobResultStorage(LocalFileSystem):
             raise
 
     async def awrite_path(self, path: str, content: bytes) -> str:
+        # async_dispatch's _sync keyword runs the sync method (typed as the async one)
         return self.write_path(path, content, _sync=True)  # type: ignore[call-arg, return-value]
 
     @async_dispatch(awrite_path)
