@@ -32,7 +32,8 @@ Floors on the same bytes (the served files, the last job's folders), CPU seconds
 
 Beside the pseudonymizer, in no floor: a bare ``http.client`` loop sending the first
 ``--bare-requests`` of its lines to the same fake one after the other, its CPU per request (the
-least one HTTP exchange costs in Python), next to the step's CPU per request.
+least one HTTP exchange costs in Python), next to the step's CPU per request; then a bare
+``httpx.Client().post`` loop sending the same lines (what a user of httpx can hope for).
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ for path in sorted(Path(sys.argv[1]).iterdir()):
 print(cpu)
 """
 BARE = """
-import http.client, resource, sys, zstandard
+import http.client, httpx, resource, sys, zstandard
 from pathlib import Path
 from urllib.parse import urlsplit
 folder, url, limit = Path(sys.argv[1]), urlsplit(sys.argv[2]), int(sys.argv[3])
@@ -95,13 +96,20 @@ for path in sorted(folder.iterdir()):
     if len(lines) >= limit:
         break
 headers = {"Content-Type": "application/fhir+json", "Accept": "application/fhir+json"}
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 connection = http.client.HTTPConnection(url.hostname, url.port)
-before = resource.getrusage(resource.RUSAGE_SELF)
+before = cpu()
 for line in lines[:limit]:
     connection.request("POST", "/fhir/$de-identify", body=line, headers=headers)
     connection.getresponse().read()
-after = resource.getrusage(resource.RUSAGE_SELF)
-print(len(lines[:limit]), after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+bare = cpu() - before
+with httpx.Client() as client:
+    before = cpu()
+    for line in lines[:limit]:
+        client.post(sys.argv[2] + "/fhir/$de-identify", content=line, headers=headers).read()
+    print(len(lines[:limit]), bare, cpu() - before)
 """
 
 
@@ -160,13 +168,14 @@ def main() -> None:
         with_http(jobs, floors, bundles, bare)
 
 
-def with_http(jobs: list[Job], floors: Floors, requests: int, bare: tuple[int, float]) -> None:
+def with_http(jobs: list[Job], floors: Floors, requests: int, bare: tuple[int, float, float]) -> None:
     """The pseudonymizer's CPU per request beside the bare loop's, and the ratios again with the
     bare loop's CPU for each of its requests (one a Bundle) added to its floors."""
     each, cpus = bare[1] / bare[0], [job.steps["pseudonymizer"][1] for job in jobs]
     ours = 1000 * min(cpus) / requests
     print(f"\nthe pseudonymizer's CPU per request (a Bundle): {ours:.2f} ms; ", end="")
     print(f"a bare http.client loop's ({bare[0]:,} requests): {1000 * each:.2f} ms")
+    print(f"a bare httpx.Client().post loop's (the same requests): {1000 * bare[2] / bare[0]:.2f} ms")
     floor = sum(floors["pseudonymizer"].values()) + each * requests
     total = sum(sum(parts.values()) for parts in floors.values()) + each * requests
     print(f"with the bare loop's {each * requests:.1f} s for its requests in the floors: ", end="")
@@ -427,12 +436,12 @@ def parsed_cpu(folder: Path) -> float:
     return float(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
 
 
-def bare_loop(folder: Path, url: str, requests: int) -> tuple[int, float]:
-    """The bare ``http.client`` loop over the first ``requests`` lines of ``folder``: requests
-    sent, CPU seconds."""
+def bare_loop(folder: Path, url: str, requests: int) -> tuple[int, float, float]:
+    """The bare ``http.client`` loop, then the bare httpx one, over the first ``requests`` lines of
+    ``folder``: requests sent, each loop's CPU seconds."""
     command = [sys.executable, "-c", BARE, str(folder), url, str(requests)]
-    sent, cpu = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
-    return int(sent), float(cpu)
+    done = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+    return int(done[0]), float(done[1]), float(done[2])
 
 
 # --- the report -------------------------------------------------------------------------------
