@@ -48,7 +48,7 @@ class CreateIfNotExists(_RuleModel):
 class AttributeToAdd(_RuleModel):
     attribute_ref: str = Field(min_length=1)
     must_have: bool = False
-    linked_groups: StrList = Field(default_factory=list)
+    linked_groups: StrList = []
 
 
 class _RuleBase(_RuleModel):
@@ -61,12 +61,12 @@ class _RuleBase(_RuleModel):
 class EnrichmentRule(_RuleBase):
     """One CRTDL enrichment: attributes for the group of profile group_reference."""
 
-    attributes_to_add: list[AttributeToAdd] = Field(default_factory=list)
+    attributes_to_add: list[AttributeToAdd] = []
 
 
 class _FileAttribute(AttributeToAdd):
     # a JSON list, never the configuration's "a,b" text
-    linked_groups: list[str] = Field(default_factory=list)
+    linked_groups: list[str] = []
 
 
 class _FileRule(_RuleBase):
@@ -75,7 +75,7 @@ class _FileRule(_RuleBase):
     Note: ``addGroupIfNotExists``.
     """
 
-    attributes_to_add: list[_FileAttribute] = Field(default_factory=list)
+    attributes_to_add: list[_FileAttribute] = []
     add_group_if_not_exists: bool = False
 
     @model_validator(mode="after")

@@ -258,7 +258,7 @@ class ExtractorSettings(ConfigModel):
     max_result_files: int = Field(default=100_000, ge=1)
     # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest
     # says the result files need a token (requiresAccessToken); without it no other origin does.
-    file_origins: Annotated[StrList, AfterValidator(_origins_only)] = Field(default_factory=list)
+    file_origins: Annotated[StrList, AfterValidator(_origins_only)] = []
 
     @model_validator(mode="before")
     @classmethod

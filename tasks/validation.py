@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
@@ -59,7 +59,7 @@ class FileValidation(BaseModel):
     errors: int = 0
     warnings: int = 0
     information: int = 0
-    first_errors: list[str] = Field(default_factory=list)
+    first_errors: list[str] = []
 
     def add(self, chunk: Chunk, outcome: JsonObject) -> None:
         findings = read_findings(outcome, chunk.labels, FIRST_ERRORS - len(self.first_errors))

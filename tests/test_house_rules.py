@@ -10,6 +10,7 @@ job directory cannot come back unseen. UPPER_CASE names are constant tables and 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 
 from tests.conftest import REPO_ROOT
@@ -59,12 +60,40 @@ def is_mutable(value: ast.expr | None) -> bool:
     return False
 
 
+@functools.cache
+def model_classes() -> frozenset[str]:
+    """The names of the packages' pydantic models: classes with BaseModel among their bases' bases."""
+    bases = {
+        node.name: {ast.unparse(base) for base in node.bases}
+        for _, tree in modules()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+    }
+    models = {"BaseModel"}
+    while grown := {name for name, of in bases.items() if of & models} - models:
+        models |= grown
+    return frozenset(models)
+
+
+def is_model_field(node: ast.stmt, in_model: bool) -> bool:
+    """A pydantic model's field: its default is copied for each instance (a ClassVar is not)."""
+    return in_model and isinstance(node, ast.AnnAssign) and "ClassVar" not in ast.unparse(node.annotation)
+
+
 def module_level_mutables(tree: ast.Module) -> list[str]:
-    """Names bound to a mutable container at module level or in a class body (a ClassVar registry counts)."""
-    bodies = [tree.body] + [node.body for node in tree.body if isinstance(node, ast.ClassDef)]
+    """Names bound to a mutable container at module level or in a class body (a ClassVar registry counts).
+
+    Note: a pydantic model's field is not: pydantic copies its default for each instance.
+    """
+    models = model_classes()
+    bodies = [(tree.body, False)] + [
+        (node.body, node.name in models) for node in tree.body if isinstance(node, ast.ClassDef)
+    ]
     names = []
-    for body in bodies:
+    for body, in_model in bodies:
         for node in body:
+            if is_model_field(node, in_model):
+                continue
             if isinstance(node, ast.Assign | ast.AnnAssign) and is_mutable(node.value):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 names += [target.id for target in targets if isinstance(target, ast.Name)]

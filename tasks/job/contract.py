@@ -22,7 +22,7 @@ from prefect.client.schemas.objects import State
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.transactions import CommitMode, transaction
 from prefect.utilities.annotations import NotSet, quote
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from config.loader import cached_settings
 from config.settings import Settings
@@ -97,10 +97,10 @@ class StepInput(BaseModel):
     step: str
     job_input: str | None = None
     folder: str | None = None
-    files: list[DataFile] = Field(default_factory=list)
-    facts: JsonObject = Field(default_factory=dict)
+    files: list[DataFile] = []
+    facts: JsonObject = {}
     config_path: str | None = None
-    overrides: dict[str, str] = Field(default_factory=dict)
+    overrides: dict[str, str] = {}
     files_digest: str | None = None
     """``files`` as a digest, in the input of the step's file tasks (``for_file_tasks``)."""
     settings_digest: str | None = None
@@ -192,7 +192,7 @@ class StepResult(StepRecord):
     existed); ``cached`` is set by the flow for a cache hit.
     """
 
-    files: list[DataFile] = Field(default_factory=list)
+    files: list[DataFile] = []
 
     @property
     def size(self) -> int:

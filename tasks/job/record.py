@@ -135,8 +135,8 @@ class StepRecord(FileColumns):
     step: str
     position: int
     folder: str
-    files: Sequence[FileEntry] = Field(default_factory=list)  # a StepResult's are DataFiles
-    summary: JsonObject = Field(default_factory=dict)
+    files: Sequence[FileEntry] = []  # a StepResult's are DataFiles
+    summary: JsonObject = {}
     awaiting: bool = False
     seconds: float | None = None
     cached: bool = False
@@ -153,10 +153,10 @@ class JobRecord(BaseModel):
     job_id: PlainText
     config_path: str | None = None
     job_input: str | None = None
-    overrides: dict[str, str] = Field(default_factory=dict)
-    enabled_steps: list[PlainText] = Field(default_factory=list)
+    overrides: dict[str, str] = {}
+    enabled_steps: list[PlainText] = []
     created_at: Timestamp = Field(default_factory=now_iso)
-    facts: JsonObject = Field(default_factory=dict)
+    facts: JsonObject = {}
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
