@@ -14,7 +14,6 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import ValidationError
 
 from config.runtime import CLI, job_on_command_line, prefect_api_url
 from flows.prefect_api import api_json, filter_rows
@@ -268,7 +267,7 @@ def step_record(
         record = StepRecord.model_validate(json.loads(document["result"])["data"])
     except RecordError as exc:
         return str(exc)
-    except (ValidationError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # pydantic's ValidationError is a ValueError
         return f"the result record {name} holds no step's result"
     if (record.step, record.position) != (step, position):
         return (
