@@ -424,6 +424,4 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
             shutil.rmtree(trash)
     except JobLockedError:
         return "a process took it meanwhile"
-    except RecordError as exc:
-        return str(exc)
     return None
