@@ -244,11 +244,7 @@ def housekeeping_api_url() -> str | None:
     """
     if prefect_api_url() is None:
         home = prefect_server.prefect_home()
-        if not (
-            prefect_server.server_status() is not None
-            or (home / prefect_server.DATABASE_FILE).is_file()
-            or prefect_server.database_configured_elsewhere(home)
-        ):
+        if prefect_server.server_status() is None and not prefect_server.has_database(home):
             return None
     prefect_server.use_server()
     return prefect_api_url()

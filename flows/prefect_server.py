@@ -208,12 +208,14 @@ def prefect_home(home: Path | None = None) -> Path:
     return path
 
 
-def database_configured_elsewhere(home: Path) -> bool:
-    """Whether the server's database is not ``DATABASE_FILE`` in ``home``.
+def has_database(home: Path) -> bool:
+    """Whether ``home``'s server has a database: ``DATABASE_FILE`` in it, or one configured.
 
-    Note: set in the environment or profiles.toml.
+    Note: configured in the environment or profiles.toml.
     """
-    if any(os.environ.get(name) for name in DATABASE_URL_SETTINGS):
+    if (home / DATABASE_FILE).exists() or any(
+        os.environ.get(name) for name in DATABASE_URL_SETTINGS
+    ):
         return True
     try:
         return "DATABASE_CONNECTION_URL" in (home / "profiles.toml").read_text().upper()
@@ -226,11 +228,7 @@ def new_database_note(home: Path) -> str | None:
 
     Note: only where it ran before (it kept a port).
     """
-    if (
-        database_configured_elsewhere(home)
-        or (home / DATABASE_FILE).exists()
-        or not (home / PORT_FILE).exists()
-    ):
+    if has_database(home) or not (home / PORT_FILE).exists():
         return None
     return (
         f"note: the server starts on a new SQLite database ({home / DATABASE_FILE}); this home's "
