@@ -16,7 +16,7 @@ from typing import Any
 from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import jobs_dir_of
-from flows.terminal import print_stderr
+from flows.terminal import Commands, command_group, print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import (
     BASE_URL_SETTING,
@@ -47,7 +47,7 @@ CONTROLS = {  # an operation: its help, what it did, why it changed nothing
 }
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)"
@@ -55,8 +55,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
     register_extraction(commands, common)
     # cohort preview: how many patients a CRTDL selects
-    cohort = commands.add_parser("cohort", help="cohort commands")
-    cohort_sub = cohort.add_subparsers(required=True, metavar="SUBCOMMAND")
+    cohort_sub = command_group(commands, "cohort", "cohort commands")
     preview = cohort_sub.add_parser(
         "preview", parents=[common], help="how many patients a CRTDL selects"
     )
@@ -66,7 +65,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def register_extraction(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Commands,
     common: argparse.ArgumentParser,
 ) -> None:
     """Add ``extraction``: list, show, the controls, priority, delete."""
@@ -75,10 +74,7 @@ def register_extraction(
     job_ref.add_argument(
         "--jobs-dir", help="where dupflow jobs live (default: APP_JOBS_DIR, else ./jobs)"
     )
-    extraction = commands.add_parser(
-        "extraction", help="see and steer jobs on the extraction server"
-    )
-    sub = extraction.add_subparsers(required=True, metavar="SUBCOMMAND")
+    sub = command_group(commands, "extraction", "see and steer jobs on the extraction server")
 
     listing = sub.add_parser("list", parents=[common], help="jobs on the extraction server")
     listing.add_argument(

@@ -20,7 +20,7 @@ from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import JobLock, JobLockedError, current_states
 from flows.prefect_api import api_json, filter_rows
-from flows.terminal import print_stderr
+from flows.terminal import Commands, print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.core.errors import UsageError
@@ -52,7 +52,7 @@ PRUNING_PREFIX = ".pruning-"
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(commands: Commands) -> None:
     prune = commands.add_parser(
         "prune",
         help=(

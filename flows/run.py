@@ -60,7 +60,7 @@ from flows.jobs import (
 )
 from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
-from flows.terminal import print_stderr
+from flows.terminal import Commands, command_group, print_stderr
 from tasks.core.errors import UsageError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.readable import plain_text
@@ -148,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="list jobs, newest first")
     add_flags(listing, "--jobs-dir", "--json")
     listing.set_defaults(command=cmd_list)
-    config = commands.add_parser("config", help="configuration commands")
-    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
+    config_commands = command_group(commands, "config", "configuration commands")
     check = config_commands.add_parser(
         "check", help="validate a configuration and show every effective value"
     )
@@ -161,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def register_continue(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register_continue(commands: Commands) -> None:
     """Add ``continue``: resume a job, settle an extraction in doubt, note a gate."""
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
     add_flags(resume, "job", "--jobs-dir", "--no-progress")

@@ -13,15 +13,14 @@ from flows.prefect_server import (
     stop_server,
     ui_url,
 )
-from flows.terminal import print_stderr
+from flows.terminal import Commands, command_group, print_stderr
 from tasks.core.url_credentials import shown_url
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    server = commands.add_parser(
-        "server", help="the local Prefect server (and its UI) that jobs use"
+def register(commands: Commands) -> None:
+    server_commands = command_group(
+        commands, "server", "the local Prefect server (and its UI) that jobs use"
     )
-    server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
     for name, command, text in (
         (
             "start",

@@ -1,6 +1,19 @@
-"""The command line's lines for the person at the terminal, apart from its output."""
+"""The command line's pieces every command shares: its command groups, its lines for the person.
 
+Note: the person's lines are apart from the command's output.
+"""
+
+import argparse
 import sys
+from typing import TypeAlias
+
+# where ``register`` adds a command, or a group its subcommands
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def command_group(commands: Commands, name: str, text: str) -> Commands:
+    """Add the command ``name`` (its help ``text``) whose subcommands are added to the result."""
+    return commands.add_parser(name, help=text).add_subparsers(required=True, metavar="SUBCOMMAND")
 
 
 def print_stderr(text: str) -> None:
