@@ -59,14 +59,14 @@ def state_message(paths: JobPaths, run: JsonObject | None, state: str) -> str:
     the UI, no run at all).
     """
     go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
-    server = (run or {}).get("state") or {}
-    said = plain_text(str(server.get("message") or ""))
     if run is None:
         where = (
             "this Prefect server has no flow run of the job (a new server or database, another "
             "home's)"
         )
         return f"{where}; {go_on} makes one that skips every finished step"
+    server = run.get("state") or {}
+    said = plain_text(str(server.get("message") or ""))
     if state == SUSPENDED:
         details = server.get("state_details") or {}
         expires = None
@@ -78,11 +78,9 @@ def state_message(paths: JobPaths, run: JsonObject | None, state: str) -> str:
             f"its flow run is {state}: the runner or worker of its deployment takes it up (or: "
             f"{go_on})"
         )
-    return (
-        "; ".join(filter(None, [said, f"{go_on} resumes it"]))
-        if state in (CANCELLED, CRASHED, FAILED)
-        else said
-    )
+    if state in (CANCELLED, CRASHED, FAILED):
+        return f"{said}; {go_on} resumes it" if said else f"{go_on} resumes it"
+    return said
 
 
 StepState = tuple[int, str, StepRecord | str | None, str | None]
