@@ -3,8 +3,6 @@
 See docs/development.md#extraction-commands.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys

@@ -3,8 +3,6 @@
 The REST API is called directly (no Prefect import). See docs/development.md#prune.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import shlex

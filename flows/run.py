@@ -3,8 +3,6 @@
 Note: exit codes are in its help. See docs/development.md#the-command-line.
 """
 
-from __future__ import annotations
-
 import argparse
 import gc
 import logging

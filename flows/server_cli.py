@@ -1,7 +1,5 @@
 """The command line's ``server``: start, stop, status and URL of the local server."""
 
-from __future__ import annotations
-
 import argparse
 
 from config.runtime import prefect_api_url
