@@ -193,8 +193,9 @@ def server_status(home: Path | None = None) -> JsonObject | None:
     """The recorded server (without its nonce) with its UI URL and health, or None."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
-    shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
-    return {**shown, "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
+    shown = asdict(record)
+    del shown["nonce"]
+    return shown | {"ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
 
 
 def ui_url(api_url: str) -> str:
