@@ -146,7 +146,7 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
         too_recent = (
             older_than is not None and now - datetime.fromisoformat(changed_at) < older_than
         )
-        if state in (RUNNING, UNKNOWN):
+        if state in KEPT_BECAUSE:
             selection.protected.append((paths.job_id, KEPT_BECAUSE[state]))
         elif state in NAMED_ONLY_STATES and state not in states:
             selection.protected.append((paths.job_id, f"{state} (remove it with --state {state})"))
