@@ -83,12 +83,12 @@ def probe(api_url: str) -> Loss | None:
 
     Note: a busy 503 and an old server's 404 are other answers.
     """
-    answer = api_answer(api_url, "/ready", PROBE_TIMEOUT)
+    status, body = api_answer(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
-    if not answer[0]:
+    if not status:
         reason = f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)"
         return Loss(LOST_AFTER, reason, SERVER_RUNS)
-    if answer[0] == NO_DATABASE[0] and NO_DATABASE[1] in answer[1]:
+    if status == NO_DATABASE[0] and NO_DATABASE[1] in body:
         reason = (
             f"the Prefect server at {shown} lost its database (not available for "
             f"{DATABASE_LOST_AFTER:.0f} s)"

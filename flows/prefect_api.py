@@ -158,18 +158,19 @@ def version_problem(answer: Answer) -> str | None:
     Why: Prefect's client reads it first, and ends in a traceback on a foreign one, in
     "incompatible versions" on another major version.
     """
+    status, content = answer
     # a server elsewhere may want credentials for it
-    if answer[0] in REFUSED:
+    if status in REFUSED:
         return None
     from packaging.version import Version  # Prefect's own reading of versions
 
     try:  # /admin/version answers a JSON string, read as Prefect's client reads it
-        found = Version(json.loads(answer[1])) if answer[0] == 200 else None
+        found = Version(json.loads(content)) if status == 200 else None
     except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
         found = None
     if found is None:
-        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS]
-        said = f"HTTP {answer[0]} {body!r}" if answer[0] else "nothing"
+        body = plain_text(content.decode(errors="replace"))[:SHOWN_ANSWER_CHARS]
+        said = f"HTTP {status} {body!r}" if status else "nothing"
         return (
             "answers GET /health with true but is no Prefect API (GET /admin/version answered "
             f"{said})"
