@@ -1,6 +1,7 @@
 """The command line's ``server``: start, stop, status and URL of the local server."""
 
 import argparse
+from functools import partial
 
 from config.runtime import prefect_api_url
 from flows.prefect_server import (
@@ -22,35 +23,28 @@ def register(commands: Commands) -> None:
     for name, command, text in (
         (
             "start",
-            cmd_server_start,
+            partial(
+                print_server,
+                "PREFECT_API_URL is set: jobs use {}; no local server started",
+                "Prefect UI: {ui}\nAPI: {api}",
+            ),
             "start the local Prefect server if none runs; print its UI URL",
         ),
         ("stop", cmd_server_stop, "stop the local Prefect server"),
         ("status", cmd_server_status, "show the local Prefect server (exit code 1 if none runs)"),
         (
-            "url",
-            cmd_server_url,
+            "url",  # export PREFECT_API_URL=$(… server url)
+            partial(print_server, "{}", "{api}"),
             "print the API URL for PREFECT_API_URL (this home's server, started if none runs)",
         ),
     ):
         server_commands.add_parser(name, help=text).set_defaults(command=command)
 
 
-def cmd_server_start(args: argparse.Namespace) -> int:
-    return print_server(
-        "PREFECT_API_URL is set: jobs use {}; no local server started",
-        "Prefect UI: {ui}\nAPI: {api}",
-    )
-
-
-def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$(… server url)
-    return print_server("{}", "{api}")
-
-
-def print_server(when_set: str, started: str) -> int:
+def print_server(when_set: str, started: str, args: argparse.Namespace) -> int:
     """Print ``when_set`` with PREFECT_API_URL (no user info), else ``started``.
 
-    Note: ``started`` comes with the home's server's URLs.
+    Note: ``server start`` and ``server url``; ``started`` comes with the home's server's URLs.
     """
     if api_url := prefect_api_url():
         print(when_set.format(shown_url(api_url)))
