@@ -139,8 +139,7 @@ def pseudonymize_with_service(
     expected_resources: int | None,
 ) -> FileCounts:
     configured = settings.services.pseudonymizer
-    if not configured.url:
-        raise StepError("services.pseudonymizer.url is not set")
+    assert configured.url, "Settings require services.pseudonymizer.url for the step"
     endpoint = ServiceEndpoint(
         "pseudonymizer",
         configured.url,
