@@ -4,7 +4,7 @@ How each value becomes a cell: spec/protocols.md and docs/development.md, "The S
 """
 
 import csv
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from itertools import chain, islice
 from pathlib import Path
@@ -22,7 +22,6 @@ _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no
 conversion. Not ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
 ROWS_PER_BATCH = 1000
-_LAST_LINE_FEED = bytes.maketrans(b"]", b"\n")
 _NULL = re2.compile(rb"null")
 """RE2 finds it in a tenth of ``in``'s time (a row's JSON of the Patient view at 1M patients)."""
 
@@ -95,33 +94,32 @@ def _string_lines(batch: list[Any], width: int) -> bytes | None:
     return None if b'"' in text or b"\r" in text or b"\x00" in text else text
 
 
-def json_lines(
-    rows: list[Any], width: int, opening: bytes = b"[", default: Callable[[Any], Any] | None = None
-) -> bytes | None:
+def json_lines(rows: list[Any], width: int) -> bytes | None:
     """Return the CSV lines of ``rows`` of ``width`` cells, made from their JSON (orjson).
 
-    Note: None where orjson refuses a value (``default`` gives one of an object it does not
-    know), a cell needs quoting or is no scalar: a JSON escape (a quote, backslash, CR, LF or
-    control character in a string), a comma but the separators, a bracket but the rows' own,
-    an object. A comma is then always a separator, so an unquoted ``null`` after one, or
-    opening a line, is a null: an empty cell; then the quotes go. ``opening``'s cells
-    (``["Patient",``) are left out."""
+    Note: None where orjson refuses a value, a cell is an object, or ``array_lines`` refuses
+    the arrays, one a line."""
     try:
-        text = orjson.dumps(rows, default=default)  # [[...],[...]]: one call
+        text = orjson.dumps(rows)  # [[...],[...]]: one call
     except TypeError:  # a Decimal, an int beyond 64 bits, a lone surrogate
         return None
-    commas = len(rows) * (width + opening.count(b",")) - 1
-    if b"\\" in text or b"{" in text or text.count(b",") != commas:
+    if b"{" in text:
         return None
-    # rows after the first open with NULs (a string's is escaped), taken out with the quotes
-    between = b"]," + opening
-    text = text[len(opening) + 1 : -1].replace(between, b"\n".ljust(len(between), b"\0"))
-    if b"[" in text or text.find(b"]") < len(text) - 1:  # a cell's
+    return array_lines(text[1:-1].replace(b"],[", b"]\n[") + b"\n", len(rows), width)
+
+
+def array_lines(text: bytes, rows: int, width: int) -> bytes | None:
+    """Return the CSV lines of ``text``: ``rows`` JSON arrays of ``width`` scalars, one a line.
+
+    Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
+    CR, LF or control character in a string), a comma or bracket but the arrays' own (one pass
+    counts them). A ``null`` after a bracket or comma is then a null: an empty cell; then
+    brackets and quotes go."""
+    if b"\\" in text or len(text) - len(text.translate(None, b",[]")) != rows * (width + 1):
         return None
     if _NULL.search(text):
-        text = text.replace(b",null", b",").replace(b"\0null,", b"\0,")
-        text = text[4:] if text.startswith(b"null,") else text
-    return text.translate(_LAST_LINE_FEED, b'"\0')
+        text = text.replace(b",null", b",").replace(b"[null", b"[")
+    return text.translate(None, b'[]"')
 
 
 def _width(batch: list[Any]) -> int:

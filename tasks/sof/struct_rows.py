@@ -12,13 +12,12 @@ from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple
 
-import orjson
 import re2
 
 from tasks.sof.fhirpath import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
 from tasks.sof.fhirpath import Operation, TypePath
-from tasks.sof.output import CsvWriter, json_lines
+from tasks.sof.output import CsvWriter, array_lines
 from tasks.streams.ndjson import line_feeds
 
 CELL_VALUE = str | bool | int | None
@@ -52,17 +51,15 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
         return None
     import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
 
-    struct = _struct(root, names, ("kind", Literal[view.resource]))
-    decode: Callable[[memoryview], list[Any]] = msgspec.json.Decoder(struct).decode_lines
+    decode = msgspec.json.Decoder(_root(root, names)).decode_lines
     piece_rows: Callable[[list[Any]], Iterable[Any] | None] | None = None
     if keys := flat_keys(view):  # one row a line: the structs' fields, in C
         piece_rows = partial(map, attrgetter(*(names[key] for key in keys)))
     elif (piece_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
         return None
-    # where the structs' fields are the columns after resourceType, their JSON arrays are the lines
-    opening = b"[" + orjson.dumps(view.resource) + b","
+    # where the structs' fields are the columns, their JSON arrays are the lines
     width = len(keys) if keys and list(root.keys) == keys else 0
-    astuple = msgspec.structs.astuple  # a struct's JSON: its fields' array
+    astuple, encode = msgspec.structs.astuple, msgspec.json.Encoder().encode_lines
 
     def csv(block: bytes) -> list[bytes] | None:
         buffer, lines = BytesIO(), 0
@@ -71,7 +68,8 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
                 structs = decode(piece)
                 lines += len(structs)
-                if width and (made := json_lines(structs, width, opening, astuple)) is not None:
+                arrays = encode(map(astuple, structs)) if width else None
+                if arrays and (made := array_lines(arrays, len(structs), width)) is not None:
                     writer.write_lines(made)
                     continue
                 if (rows := piece_rows(structs)) is None:
@@ -151,14 +149,34 @@ def _read(element: _Element, key: str, child: _Element | None, names: dict[str, 
     return key != "resourceType" and (found is None) == (child is None)
 
 
-def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...]) -> type:
-    """The msgspec struct of ``element``: ``kind`` (``resourceType``), then its keys.
+def _root(element: _Element, names: dict[str, str]) -> Any:
+    """The msgspec type of a line: a struct of ``element``, ``resourceType`` its tag.
+
+    Why: a field no more, its rows' JSON holds only the columns.
+    Note: a lone tagged struct takes an object without the tag: in a union msgspec requires it,
+    here with a struct of the empty type, which takes no object (no resource has that type)."""
+    import msgspec  # as in block_csv, which has imported it by now
+
+    def refuse(_: object) -> None:
+        raise ValueError("a resource of the empty type")
+
+    tagged: dict[str, Any] = {"tag_field": "resourceType", "tag": element.at}
+    empty = msgspec.defstruct(
+        "Empty", [], namespace={"__post_init__": refuse}, **tagged | {"tag": ""}
+    )
+    return _struct(element, names, None, **tagged) | empty
+
+
+def _struct(
+    element: _Element, names: dict[str, str], kind: tuple[Any, ...] | None, **tagged: Any
+) -> type:
+    """The msgspec struct of ``element``: ``kind`` (``resourceType``) if given, then its keys.
 
     Note: values default to ``''``; no ``resourceType`` and one of the planned type pass, as
     in ``compiled_code``."""
     import msgspec  # as in block_csv, which has imported it by now
 
-    fields = [kind]
+    fields = [] if kind is None else [kind]
     for key, child in element.keys.items():
         if child is None:
             fields.append((names[key], CELL_VALUE, ""))
@@ -167,7 +185,7 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...]) -> 
             struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET))
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
-    return msgspec.defstruct("Element", fields, rename=rename, gc=False)
+    return msgspec.defstruct("Element", fields, rename=rename, gc=False, **tagged)
 
 
 def flat_keys(view: Any) -> list[str] | None:
