@@ -113,9 +113,9 @@ def array_lines(text: bytes, rows: int, width: int) -> bytes | None:
 
     Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
     CR, LF or control character in a string), a comma or bracket but the arrays' own (one pass
-    counts them). A ``null`` after a bracket or comma is then a null: an empty cell; then
-    brackets and quotes go."""
-    if b"\\" in text or len(text) - len(text.translate(None, b",[]")) != rows * (width + 1):
+    counts them with the backslashes). A ``null`` after a bracket or comma is then a null: an
+    empty cell; then brackets and quotes go."""
+    if len(text) - len(text.translate(None, b"\\,[]")) != rows * (width + 1):
         return None
     if _NULL.search(text):
         text = text.replace(b",null", b",").replace(b"[null", b"[")
