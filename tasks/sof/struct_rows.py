@@ -8,7 +8,6 @@ engine".
 from collections.abc import Callable, Iterable
 from io import BytesIO, TextIOWrapper
 from functools import partial
-from itertools import repeat
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple
 
@@ -85,7 +84,7 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
         except (ValueError, RecursionError):  # msgspec's and UnicodeDecodeError are ValueErrors
             return None
         text.flush()
-        return [buffer.getvalue(), *repeat(b"", lines - 1)]
+        return [buffer.getvalue()] + [b""] * (lines - 1)
 
     return csv
 
