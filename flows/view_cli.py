@@ -3,8 +3,6 @@
 See docs/development.md#view-run.
 """
 
-from __future__ import annotations
-
 import argparse
 import gc
 import os
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from config.runtime import CLI
-from flows.terminal import print_stderr
+from flows.terminal import Commands, command_group, print_stderr
 from tasks.core.errors import DupflowError
 from tasks.core.json_shapes import as_object, JsonObject
 from tasks.core.jsonfile import JsonFileError, read_json_file
@@ -58,9 +56,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    view = commands.add_parser("view", help="SQL-on-FHIR ViewDefinition commands")
-    view_commands = view.add_subparsers(required=True, metavar="SUBCOMMAND")
+def register(commands: Commands) -> None:
+    view_commands = command_group(commands, "view", "SQL-on-FHIR ViewDefinition commands")
     run = view_commands.add_parser(
         "run", help="run a ViewDefinition over NDJSON resources and print the rows"
     )
