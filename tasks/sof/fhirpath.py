@@ -343,7 +343,7 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
     data = item.data
     if not isinstance(data, Mapping):
         return []
-    path = data.get("resourceType") if "resourceType" in data else item.path
+    path = data.get("resourceType", item.path)
     if not isinstance(path, str | None):  # data's own resourceType: a list would not hash
         path = f"{path}" if path else None
     for key, child_path in _keys(path, member, of_type):
