@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from tasks.sof.errors import FhirPathError
 from tasks.sof.fhirpath_shared import (
     MODEL,
+    Collected,
     Env,
     Item,
-    Paths,
     data_and_paths,
     joined,
     reference_keys,
@@ -151,7 +151,7 @@ class MemberPath:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
             return plan
 
-    def collect(self, data: Any, path: TypePath, env: Env) -> tuple[list[Any], Paths]:
+    def collect(self, data: Any, path: TypePath, env: Env) -> Collected:
         if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
@@ -161,7 +161,7 @@ class MemberPath:
             (found, plan.path) if self.function is None else (_computed(self.function, found), None)
         )
 
-    def _general(self, data: Any, path: TypePath, env: Env) -> tuple[list[Any], Paths]:
+    def _general(self, data: Any, path: TypePath, env: Env) -> Collected:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
         return data_and_paths(_walk_items(self.members, Item(data, path)))

@@ -37,9 +37,9 @@ from tasks.sof.fhirpath_shared import (
     MAX_REPEAT_ELEMENTS,
     MODEL,
     TOO_DEEP,
+    Collected,
     Env,
     Item,
-    Paths,
     data_and_paths,
     joined,
     reference_keys,
@@ -141,7 +141,7 @@ class Interpreted:
     typed: bool
     """Whether it has a type filter: a resource at its focus is then a ``_Resource``"""
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
+    def collect(self, data: Any, path: str | None, env: Env) -> Collected:
         resource = self.typed and isinstance(data, Mapping) and "resourceType" in data
         node = (_Resource if resource else ResourceNode.create_node)(data, path)
         data_root = arraify(node)

@@ -46,11 +46,11 @@ class Item(NamedTuple):
 Env = Mapping[str, Any]
 
 
-Paths = str | None | list[Any]
-"""The type paths of collected values: one for all of them, or a list with one per value."""
+Collected = tuple[list[Any], str | None | list[Any]]
+"""Values collected and their type paths: one for all of them, or a list with one per value."""
 
 
-def data_and_paths(items: list[Item]) -> tuple[list[Any], list[Any]]:
+def data_and_paths(items: list[Item]) -> Collected:
     return [item.data for item in items], [item.path for item in items]
 
 
