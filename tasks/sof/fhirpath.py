@@ -18,6 +18,7 @@ from tasks.sof.errors import FhirPathError
 from tasks.sof.fhirpath_shared import (
     MODEL,
     Collected,
+    Collection,
     Env,
     Item,
     data_and_paths,
@@ -256,7 +257,7 @@ def holds_resources(type_path: str) -> bool:
     return current == "Resource"
 
 
-def _walk(plan: Plan, data: Any) -> list[Any] | None:
+def _walk(plan: Plan, data: Any) -> Collection | None:
     """The plan run over ``data``; None where the data goes elsewhere (``MemberPath``)."""
     found = [data]
     counted = plan.counted
@@ -266,7 +267,7 @@ def _walk(plan: Plan, data: Any) -> list[Any] | None:
             continue
         if not key:
             return []
-        children: list[Any] = []
+        children: Collection = []
         for value in found:
             if not isinstance(value, dict):
                 continue
@@ -286,7 +287,7 @@ def _walk(plan: Plan, data: Any) -> list[Any] | None:
     return found
 
 
-def _member_of(data: Any, key: str, path: TypePath) -> list[Any] | None:
+def _member_of(data: Any, key: str, path: TypePath) -> Collection | None:
     """``_walk`` of a plan of one member step (most column paths: ``code``, ``system``."""
     if not isinstance(data, dict) or not key:
         return []
@@ -298,12 +299,12 @@ def _member_of(data: Any, key: str, path: TypePath) -> list[Any] | None:
     return [] if child is None else [child]
 
 
-def _present(values: list[Any]) -> list[Any]:
+def _present(values: Collection) -> Collection:
     """The elements but nulls (where only an extension is); the list itself if none."""
     return [element for element in values if element is not None] if None in values else values
 
 
-def _computed(function: Step, found: list[Any]) -> list[Any]:
+def _computed(function: Step, found: Collection) -> Collection:
     kind, _, argument = function
     if kind == "exists":
         return [bool(found)]

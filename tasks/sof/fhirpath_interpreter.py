@@ -38,6 +38,7 @@ from tasks.sof.fhirpath_shared import (
     MODEL,
     TOO_DEEP,
     Collected,
+    Collection,
     Env,
     Item,
     data_and_paths,
@@ -194,15 +195,15 @@ def _is_primitive_extension_only(value: Any) -> bool:
     )
 
 
-def get_resource_key(ctx: Ctx, inputs: list[Any]) -> list[str]:
+def get_resource_key(ctx: Ctx, inputs: Collection) -> list[str]:
     return resource_keys([_data(node) for node in inputs])
 
 
-def get_reference_key(ctx: Ctx, inputs: list[Any], type_info: Any = None) -> list[str]:
+def get_reference_key(ctx: Ctx, inputs: Collection, type_info: Any = None) -> list[str]:
     return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
 
 
-def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
+def join(ctx: Ctx, inputs: Collection, separator: Any = "") -> Any:
     """FHIRPath's ``join``; no value for an empty separator collection.
 
     Note: ``''`` for an empty input, as the SQL-on-FHIR suite expects (fhirpathpy's: none)."""
@@ -218,7 +219,7 @@ def amp(ctx: Ctx, left: Any, right: Any) -> str:
     return math.amp(ctx, left, right)  # type: ignore[no-any-return]  # fhirpathpy is unannotated
 
 
-def plus(ctx: Ctx, left: list[Any], right: list[Any]) -> Any:
+def plus(ctx: Ctx, left: Collection, right: Collection) -> Any:
     """FHIRPath's ``+``, its result checked (strings join as with ``&``)."""
     return _bounded("+", math.plus(ctx, left, right))
 
@@ -227,8 +228,8 @@ def _data(node: Any) -> Any:
     return node.data if isinstance(node, ResourceNode) else node
 
 
-def _boundary(high: bool) -> Callable[..., list[Any]]:
-    def invoke(ctx: Ctx, inputs: list[Any], precision: Any = None) -> list[Any]:
+def _boundary(high: bool) -> Callable[..., Collection]:
+    def invoke(ctx: Ctx, inputs: Collection, precision: Any = None) -> Collection:
         digits = None if precision in (None, []) else int(precision)
         found = [
             boundary(
@@ -261,14 +262,14 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
         ) from None
 
 
-def matches(ctx: Ctx, inputs: list[Any], pattern: Any) -> Any:
+def matches(ctx: Ctx, inputs: Collection, pattern: Any) -> Any:
     """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
     if isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
-def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any) -> Any:
+def replace_matches(ctx: Ctx, inputs: Collection, pattern: Any, replacement: Any) -> Any:
     """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
     if isinstance(pattern, list) or isinstance(replacement, list):
         return []
@@ -284,7 +285,7 @@ def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any)
     )
 
 
-def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
+def replace(ctx: Ctx, inputs: Collection, pattern: Any, substitution: Any) -> Any:
     """fhirpathpy's ``replace``, refused before it builds a string over the bound."""
     if isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
@@ -294,7 +295,7 @@ def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any
 
 
 def aggregate(
-    ctx: Ctx, inputs: list[Any], expression: Callable[[Any], Any], initial: Any = None
+    ctx: Ctx, inputs: Collection, expression: Callable[[Any], Any], initial: Any = None
 ) -> Any:
     """fhirpathpy's ``aggregate``, its ``$total`` checked after each element."""
     ctx["$total"] = initial
@@ -309,22 +310,22 @@ def _bounded(function: str, value: Any) -> Any:
     return value
 
 
-def _size(values: list[Any]) -> int:
+def _size(values: Collection) -> int:
     """A collection's size for the bound: one per element, plus each string's length."""
     return len(values) + sum(len(item) for item in values if isinstance(item, str))
 
 
-def _single_string(inputs: list[Any]) -> str:
+def _single_string(inputs: Collection) -> str:
     if len(inputs) == 1 and isinstance(data := _data(inputs[0]), str):
         return data
     raise FhirPathError(f"expected one string, got {inputs!r:.200}")
 
 
-def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], list[Any]]) -> list[Any]:
+def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], Collection]) -> Collection:
     """fhirpathpy's ``repeat`` (breadth first, each element once), linear and bounded."""
     if not isinstance(inputs, list):
         return []
-    found: list[Any] = []
+    found: Collection = []
     seen: set[Any] = set()
     pending = deque(inputs)
     size = 0

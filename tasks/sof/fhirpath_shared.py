@@ -46,7 +46,9 @@ class Item(NamedTuple):
 Env = Mapping[str, Any]
 
 
-Collected = tuple[list[Any], str | None | list[Any]]
+Collection = list[Any]
+"""A FHIRPath collection: JSON values, or fhirpathpy's nodes and values."""
+Collected = tuple[Collection, str | None | list[Any]]
 """Values collected and their type paths: one for all of them, or a list with one per value."""
 
 
@@ -61,7 +63,7 @@ def shown(expression: str) -> str:
     return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
 
 
-def resource_keys(found: list[Any]) -> list[str]:
+def resource_keys(found: Collection) -> list[str]:
     return [
         f"{data['resourceType']}/{data['id']}"
         for data in found
@@ -77,12 +79,12 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def reference_keys(found: list[Any], wanted: str | None) -> list[str]:
+def reference_keys(found: Collection, wanted: str | None) -> list[str]:
     keys = [reference_key(data.get("reference")) for data in found if isinstance(data, Mapping)]
     return [key for key in keys if key and wanted in (None, key.partition("/")[0])]
 
 
-def joined(found: list[Any], separator: str) -> str:
+def joined(found: Collection, separator: str) -> str:
     if not all(isinstance(value, str) for value in found):
         raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
     refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))
