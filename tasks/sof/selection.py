@@ -45,8 +45,8 @@ class Selection:
     profile: str | None = None
     token_paths: Paths = ()
     codes: frozenset[tuple[str, str]] = frozenset()
-    code_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Per system whose codes extend their parent's, the codes taking those below."""
+    code_prefixes: tuple[str, ...] = ()
+    """``system|code`` of the codes of systems whose codes extend their parent's."""
     date: DateBounds | None = None
     not_applied: tuple[str, ...] = ()
 
@@ -67,9 +67,11 @@ class Selection:
                 continue  # no coding a search could match (and a list would not hash)
             if (system, code) in self.codes:
                 return True
-            for prefix_system, prefixes in self.code_prefixes:
-                if system == prefix_system and code.startswith(prefixes):
-                    return True
+            # taken by each code of its system it begins with (no such system's URL holds a "|")
+            if system in PREFIX_HIERARCHY_SYSTEMS and f"{system}|{code}".startswith(
+                self.code_prefixes
+            ):
+                return True
         return False
 
 
@@ -97,13 +99,10 @@ def compile_selection(
         )
     if must_have:
         notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
-    prefixes: dict[str, tuple[str, ...]] = {}
-    for system, code in sorted(codes):
-        if system in PREFIX_HIERARCHY_SYSTEMS:
-            prefixes[system] = (*prefixes.get(system, ()), code)
-    return Selection(
-        profile, token_paths, frozenset(codes), tuple(prefixes.items()), date, tuple(notes)
+    prefixes = tuple(
+        f"{system}|{code}" for system, code in sorted(codes) if system in PREFIX_HIERARCHY_SYSTEMS
     )
+    return Selection(profile, token_paths, frozenset(codes), prefixes, date, tuple(notes))
 
 
 def _token_test(
