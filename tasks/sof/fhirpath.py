@@ -36,12 +36,12 @@ _TYPES: dict[str, str] = MODEL["path2Type"]
 _PARENTS: dict[str, str] = MODEL["type2Parent"]
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-_SEGMENT = re.compile(
+_SEGMENT = re.compile(  # each way to write a step is a group around it: ``lastgroup`` names it
     rf"(?P<first>first\(\))|(?P<exists>exists\(\))|(?P<resourceKey>getResourceKey\(\))"
-    rf"|(?P<join>join)\(\s*(?:'(?P<separator>[^'\\]*)'\s*)?\)"
-    rf"|(?P<referenceKey>getReferenceKey)\(\s*(?P<referenceType>{_IDENTIFIER})?\s*\)"
-    rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
-    rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
+    rf"|(?P<join>join\(\s*(?:'(?P<separator>[^'\\]*)'\s*)?\))"
+    rf"|(?P<referenceKey>getReferenceKey\(\s*(?P<referenceType>{_IDENTIFIER})?\s*\))"
+    rf"|(?P<where>where\(\s*(?P<whereMember>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\))"
+    rf"|(?P<member>(?P<name>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?)"
 )
 _KEYWORD = re.compile("and|or|xor|implies|div|mod|in|contains|is|as|true|false")
 
@@ -109,16 +109,15 @@ def member_steps(expression: str) -> list[Step] | None:
 
 
 def _step(match: re.Match[str], first: bool) -> Step | None:
-    for kind in ("first", "exists", "resourceKey"):
-        if match[kind]:
-            return (kind, "", None)
-    if match["join"]:
-        return ("join", "", match["separator"] or "")
-    if match["referenceKey"]:
-        return ("referenceKey", "", match["referenceType"])
-    if match["where"]:
-        return ("where", match["where"], match["literal"])
-    member = match["member"]
+    kind = str(match.lastgroup)
+    if kind != "member":
+        arguments = {
+            "join": match["separator"] or "",
+            "referenceKey": match["referenceType"],
+            "where": match["literal"],
+        }
+        return (kind, match["whereMember"] or "", arguments.get(kind))
+    member = match["name"]
     if _KEYWORD.fullmatch(member):
         return None
     if first and member[0].isupper():  # a type filter (``Patient.id``)
