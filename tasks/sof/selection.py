@@ -33,6 +33,8 @@ TAKEN, OTHER_PROFILE, FILTERED_OUT = 0, 1, 2
 
 @dataclass(frozen=True)
 class DateBounds:
+    """A date filter's elements and bounds: a start or an end, or both (else none is made)."""
+
     paths: Paths
     start: str | None
     end: str | None
@@ -236,8 +238,6 @@ def _dated(resource: JsonObject, bounds: DateBounds) -> bool:
 
     Why: each bound is its own search parameter, as TORCH sends them."""
     ranges = [r for value in values(resource, bounds.paths) if (r := _range(value)) is not None]
-    if not ranges:
-        return False
     after = bounds.start is None or any(last >= bounds.start for _, last in ranges)
     return after and (bounds.end is None or any(first <= bounds.end for first, _ in ranges))
 
