@@ -83,9 +83,9 @@ def parquet_schema(view: JsonObject) -> pa.Schema:
     columns = [column for select in all_selects(root) for column in select.columns]
     schema = []
     for name in root.names:
-        kinds = [column.fhir_type for column in columns if column.name == name]
-        agreed = kinds.count(kinds[0]) == len(kinds)
-        schema.append((name, ARROW_TYPES.get(kinds[0], pa.string()) if agreed else pa.string()))
+        kinds = {column.fhir_type for column in columns if column.name == name}
+        kind = kinds.pop() if len(kinds) == 1 else None  # the branches agree, or it is text
+        schema.append((name, ARROW_TYPES.get(kind, pa.string())))
     return pa.schema(schema)
 
 
