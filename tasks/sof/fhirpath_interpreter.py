@@ -60,6 +60,16 @@ class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ship
         raise FhirPathError(f"column {column + 1}: {msg}")
 
 
+class _DepthListener(ASTPathListener):
+    """fhirpathpy's parse tree builder, noting the most levels it reached."""
+
+    levels = 0
+
+    def pushNode(self, *args: Any) -> None:  # noqa: N802 - fhirpathpy's name
+        super().pushNode(*args)
+        self.levels = max(self.levels, len(self.parentStack))
+
+
 def parse(expression: str) -> JsonObject:
     """fhirpathpy's parse tree, strictly.
 
@@ -72,7 +82,7 @@ def parse(expression: str) -> JsonObject:
     parser = FHIRPathParser(tokens)
     parser.removeErrorListeners()
     parser.addErrorListener(listener)
-    ast = ASTPathListener()
+    ast = _DepthListener()
     try:
         tree = parser.expression()
         if tokens.LA(1) != Token.EOF:
@@ -82,20 +92,9 @@ def parse(expression: str) -> JsonObject:
         ParseTreeWalker().walk(ast, tree)
     except RecursionError:
         raise FhirPathError(TOO_DEEP) from None
-    parsed = ast.parentStack[0]
-    if tree_depth(parsed) > MAX_EXPRESSION_DEPTH:
+    if ast.levels > MAX_EXPRESSION_DEPTH:
         raise FhirPathError(TOO_DEEP)
-    return parsed
-
-
-def tree_depth(node: JsonObject) -> int:
-    """Levels of a parse tree (walked with a list, not recursion)."""
-    deepest, pending = 0, [(node, 1)]
-    while pending:
-        node, depth = pending.pop()
-        deepest = max(deepest, depth)
-        pending.extend((child, depth + 1) for child in node.get("children") or ())
-    return deepest
+    return ast.parentStack[0]
 
 
 def interpreted(expression: str) -> Interpreted:
