@@ -154,7 +154,7 @@ class MemberPath:
     def collect(self, data: Any, path: TypePath, env: Env) -> Collected:
         if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
-        found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
+        found = _member_of(data, plan.key, plan.at) if plan.key else _walk(plan, data)
         if found is None:
             return self._general(data, path, env)
         return (
@@ -174,7 +174,7 @@ def single_keys(columns: list[Any], path: TypePath) -> tuple[str, ...] | None:
         evaluate = column.evaluate
         if column.collection or not isinstance(evaluate, MemberPath):
             return None
-        if (plan := evaluate.plan(path)) is None or not plan.single or not plan.key:
+        if (plan := evaluate.plan(path)) is None or not plan.key:
             return None
         keys.append(plan.key)
     return tuple(keys)
@@ -187,8 +187,9 @@ class Plan:
     operations: tuple[Operation, ...]
     path: TypePath
     counted: bool
-    single: bool  # one member step, no function counting its values: ``_member_of`` walks it
-    key: str = ""  # a single step's JSON key and the type path of the data it reads
+    # of one member step to a child, no function counting its values (``_member_of`` walks it):
+    # its JSON key (else "") and the type path of the data it reads
+    key: str = ""
     at: TypePath = None
 
 
@@ -212,8 +213,8 @@ def _plan(steps: list[Step], path: TypePath, counted: bool) -> Plan | None:
         operations.append(("member", key, None, path))
         path = child_path
     if len(operations) == 1 and operations[0][0] == "member" and not counted:
-        return Plan(tuple(operations), path, counted, True, operations[0][1], operations[0][3])
-    return Plan(tuple(operations), path, counted, False)
+        return Plan(tuple(operations), path, counted, operations[0][1], operations[0][3])
+    return Plan(tuple(operations), path, counted)
 
 
 @lru_cache(maxsize=4096)
@@ -288,7 +289,7 @@ def _walk(plan: Plan, data: Any) -> Collection | None:
 
 def _member_of(data: Any, key: str, path: TypePath) -> Collection | None:
     """``_walk`` of a plan of one member step (most column paths: ``code``, ``system``."""
-    if not isinstance(data, dict) or not key:
+    if not isinstance(data, dict):
         return []
     if data.get("resourceType", path) != path:
         return None
