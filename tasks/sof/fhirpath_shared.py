@@ -60,7 +60,7 @@ def shown(expression: str) -> str:
     """The expression as error messages quote it (a long one cut short)."""
     if len(expression) <= SHOWN_EXPRESSION_CHARS:
         return repr(expression)
-    return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
+    return f"{expression[:SHOWN_EXPRESSION_CHARS]!r}... ({len(expression)} characters)"
 
 
 def resource_keys(found: Collection) -> list[str]:
