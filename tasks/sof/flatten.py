@@ -207,6 +207,10 @@ class FilePlan:
     max_line_bytes: int
 
 
+Counts = dict[str, int]
+"""A ``RouteCounts`` counter as ``FileParts`` holds it (a plain dict, by type or group id)."""
+
+
 class FileParts(TypedDict):
     """What ``flatten_file`` wrote; ``resources``, ``rows``, ``bytes`` in group order."""
 
@@ -215,11 +219,11 @@ class FileParts(TypedDict):
     resources: list[int]
     rows: list[int]
     bytes: list[int]
-    unrouted: dict[str, int]
-    skipped_resources: dict[str, int]
-    unknown_groups: dict[str, int]
-    other_profile: dict[str, int]
-    filtered_out: dict[str, int]
+    unrouted: Counts
+    skipped_resources: Counts
+    unknown_groups: Counts
+    other_profile: Counts
+    filtered_out: Counts
 
 
 class ParsedLine:
