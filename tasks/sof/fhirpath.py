@@ -36,14 +36,14 @@ _TYPES: dict[str, str] = MODEL["path2Type"]
 _PARENTS: dict[str, str] = MODEL["type2Parent"]
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_KEYWORD = "(?:and|or|xor|implies|div|mod|in|contains|is|as|true|false)"  # no member's name
 _SEGMENT = re.compile(  # each way to write a step is a group around it: ``lastgroup`` names it
     rf"(?P<first>first\(\))|(?P<exists>exists\(\))|(?P<resourceKey>getResourceKey\(\))"
     rf"|(?P<join>join\(\s*(?:'(?P<separator>[^'\\]*)'\s*)?\))"
     rf"|(?P<referenceKey>getReferenceKey\(\s*(?P<referenceType>{_IDENTIFIER})?\s*\))"
     rf"|(?P<where>where\(\s*(?P<whereMember>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\))"
-    rf"|(?P<member>(?P<name>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?)"
+    rf"|(?P<member>(?P<name>(?!{_KEYWORD}\b){_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?)"
 )
-_KEYWORD = re.compile("and|or|xor|implies|div|mod|in|contains|is|as|true|false")
 
 
 def compile_path(expression: str) -> Compiled:
@@ -118,8 +118,6 @@ def _step(match: re.Match[str], first: bool) -> Step | None:
         }
         return (kind, match["whereMember"] or "", arguments.get(kind))
     member = match["name"]
-    if _KEYWORD.fullmatch(member):
-        return None
     if first and member[0].isupper():  # a type filter (``Patient.id``)
         return None if match["type"] else ("type", member, None)
     return ("member", member, match["type"])
