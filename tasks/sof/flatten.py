@@ -226,16 +226,18 @@ class FileParts(TypedDict):
     filtered_out: Counts
 
 
+@dataclass
 class ParsedLine:
     """The line being routed, parsed by orjson alone (no search for decimals).
 
     Note: ``exact(resource)`` is one of its resources as the decimal-keeping parse gives it,
     for a view whose ``csv_rows`` does not take it."""
 
-    def __init__(self) -> None:
-        self.source, self.number, self.line = Path(), 0, b""
-        self.root: JsonObject | None = None
-        self._exact: list[JsonObject] | None = None
+    source: Path = field(default_factory=Path)
+    number: int = 0
+    line: bytes = b""
+    root: JsonObject | None = None
+    _exact: list[JsonObject] | None = None
 
     def parse(self, number: int, line: bytes) -> JsonObject:
         self.number, self.line, self._exact = number, line, None
@@ -257,6 +259,7 @@ class ParsedLine:
         return self._exact[index]
 
 
+@dataclass
 class RowsWriter:
     """A group's rows as CSV lines (no header) in ``path``, opened at the first row.
 
@@ -264,12 +267,13 @@ class RowsWriter:
     view's ``csv_rows`` where it takes them, else its rows of the resource parsed with its
     decimals (``line.exact``)."""
 
-    def __init__(self, path: Path, view: CompiledView, line: ParsedLine):
-        self.path, self.view, self.line = path, view, line
-        self.rows = 0
-        self._pending: list[Row] = []
-        self._stream: IO[str] | None = None
-        self._writer: CsvWriter | None = None
+    path: Path
+    view: CompiledView
+    line: ParsedLine
+    rows: int = 0
+    _pending: list[Row] = field(default_factory=list)
+    _stream: IO[str] | None = None
+    _writer: CsvWriter | None = None
 
     def add(self, resource: JsonObject) -> None:
         """Take the resource's rows as the view makes them (one may give millions)."""
