@@ -9,7 +9,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, islice
@@ -106,6 +106,7 @@ class RouteCounts:
     """Without Provenance: per type, what no group took, as its filters left it out."""
 
 
+@dataclass
 class Router:
     """Sends each resource to the engines of its groups, counting what goes where.
 
@@ -113,22 +114,18 @@ class Router:
     group order), what no group took in ``counts``. Without Provenance, a group takes what its
     selection (``Selection()``: any of its type) takes."""
 
-    def __init__(
-        self,
-        groups: list[tuple[str, str, Selection]],
-        skipped_ids: Iterable[str],
-        engines: Sequence[Engine],
-        by_provenance: bool,
-        counts: RouteCounts,
-    ):
-        self.index = {group: i for i, (group, _, _) in enumerate(groups)}
-        self.skipped_ids = set(skipped_ids)
+    groups: list[tuple[str, str, Selection]]
+    skipped_ids: Collection[str]
+    engines: Sequence[Engine]
+    by_provenance: bool
+    counts: RouteCounts
+
+    def __post_init__(self) -> None:
+        self.index = {group: i for i, (group, _, _) in enumerate(self.groups)}
         self.by_type: dict[str, list[tuple[int, Selection]]] = {}
-        for i, (_, kind, selection) in enumerate(groups):
+        for i, (_, kind, selection) in enumerate(self.groups):
             self.by_type.setdefault(kind, []).append((i, selection))
-        self.engines, self.by_provenance = engines, by_provenance
-        self.counts = counts
-        self.resources = [0] * len(groups)
+        self.resources = [0] * len(self.groups)
 
     def route_line(self, resource: JsonObject, bare: Routes) -> None:
         resources = line_resources(resource)
