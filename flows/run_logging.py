@@ -41,39 +41,31 @@ HAND_OVER_SECONDS = 10
 CLUSTER_TEARDOWN = "Worker process still alive after"
 
 
-class OneTracePerFailure(logging.Filter):
-    """Keep a trace on a failure's first record only (same type and text).
+_traced: deque[tuple[str, str]] = deque(maxlen=64)  # the last failures' type and text
 
-    Note: a task stopped by the job's stop keeps none; ``forget`` starts over for a new flow run.
+
+def one_trace_per_failure(record: logging.LogRecord) -> bool:
+    """Keep a trace on a failure's first record only (same type and text): a logging filter.
+
+    Note: a task stopped by the job's stop keeps none; ``keep_one_trace_per_failure`` starts over
+    for a new flow run.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._traced: deque[tuple[str, str]] = deque(maxlen=64)
-
-    def forget(self) -> None:
-        self._traced.clear()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and (failure := record.exc_info[1]) is not None:
-            identity = (type(failure).__qualname__, str(failure))
-            if identity in self._traced or isinstance(failure, Cancelled):
-                record.exc_info, record.exc_text = None, None
-            else:
-                self._traced.append(identity)
-        return True
-
-
-_one_trace = OneTracePerFailure()
+    if record.exc_info and (failure := record.exc_info[1]) is not None:
+        identity = (type(failure).__qualname__, str(failure))
+        if identity in _traced or isinstance(failure, Cancelled):
+            record.exc_info, record.exc_text = None, None
+        else:
+            _traced.append(identity)
+    return True
 
 
 def keep_one_trace_per_failure() -> None:
     """At a flow run's start: one trace per failure, Prefect's own records redacted."""
-    _one_trace.forget()
+    _traced.clear()
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
-        if _one_trace not in logger.filters:
-            logger.addFilter(_one_trace)
+        if one_trace_per_failure not in logger.filters:
+            logger.addFilter(one_trace_per_failure)
     redact_records_sent_to_prefect()
 
 

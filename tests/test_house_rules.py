@@ -38,6 +38,7 @@ ALLOWED_STATE = {
     "tasks.job.flattening_plan:_plans": "the digest of the flattening step's views (its CRTDL and lookup file)",
     "tasks.core.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
     "flows.heartbeats:_ensured_on": "the Prefect API URL that holds the crash automation",
+    "flows.run_logging:_traced": "a failure's exception type and text (the last 64; a flow run's start clears it)",
 }
 
 

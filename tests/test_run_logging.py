@@ -154,7 +154,7 @@ def test_a_job_run_makes_every_stream_handler_write_plain_prefects_console_and_t
 
 def test_a_task_stopped_with_its_jobs_run_is_logged_without_a_trace_a_failure_with_one():
     """A Cancel stops a step's file tasks with ``Cancelled``: the UI's log showed each with a 20-line traceback."""
-    from flows.run_logging import OneTracePerFailure
+    from flows.run_logging import one_trace_per_failure
     from tasks.streams.fanout import Cancelled
 
     def record(exc: BaseException) -> logging.LogRecord:
@@ -162,7 +162,7 @@ def test_a_task_stopped_with_its_jobs_run_is_logged_without_a_trace_a_failure_wi
             raise exc
         except BaseException:
             failed = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
-        OneTracePerFailure().filter(failed)
+        one_trace_per_failure(failed)
         return failed
 
     assert record(Cancelled("the run was interrupted")).exc_info is None
