@@ -15,7 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from config.runtime import apply_process_defaults
-from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
+from tasks.core.redaction import redact, redact_record, redact_records_sent_to_prefect
 from tasks.job.job_log import PlainFormatter, job_log_handler, stream_handlers
 from tasks.streams.fanout import Cancelled
 
@@ -157,7 +157,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     """
     apply_process_defaults()  # before Prefect's settings are read
     file_handler = job_log_handler(log_file)
-    redacting, one_failure = RedactingFilter(), _OneFailureLine()
+    one_failure = _OneFailureLine()
     # Each record handed on at once: a Dask LocalCluster sets the ``distributed`` logger's
     # StreamHandlers to WARNING while it runs (``silence_logs``), the file handler among them,
     # which would silence the job log for every logger.
@@ -166,7 +166,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     patched = [(handler, handler.formatter) for handler in stream_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
-        handler.addFilter(redacting)
+        handler.addFilter(redact_record)
         handler.addFilter(one_failure)
     try:
         yield
@@ -174,7 +174,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
         hand_over_to_prefect()
         for handler, formatter in patched:
             handler.setFormatter(formatter)
-            handler.removeFilter(redacting)
+            handler.removeFilter(redact_record)
             handler.removeFilter(one_failure)
         for name, handler in (
             ("prefect", file_handler),

@@ -26,7 +26,7 @@ from config.settings import RetrySettings, TlsSettings
 from flows.run import EXIT_FAILED
 from config.settings import Settings
 from tasks.clients.errors import ServiceError
-from tasks.core.redaction import RedactingFilter, register_secret
+from tasks.core.redaction import redact_record, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
@@ -181,7 +181,7 @@ def test_a_logged_traceback_quoting_a_secret_is_redacted_for_every_handler(tmp_p
     register_secret(secret)
     log_file = tmp_path / "job.log"
     handler = logging.FileHandler(log_file)
-    handler.addFilter(RedactingFilter())
+    handler.addFilter(redact_record)
     logger = logging.getLogger("dupflow.test.hostile")
     logger.addHandler(handler)
     try:

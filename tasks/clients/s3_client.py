@@ -39,7 +39,7 @@ from tasks.clients.errors import (
 )
 from tasks.core.jsonfile import JsonFileError, read_settings_file
 from tasks.core.readable import truncate
-from tasks.core.redaction import RedactingFilter
+from tasks.core.redaction import redact_record
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import write_file_atomically
 
@@ -149,7 +149,7 @@ def hide_credentials_in_botocore_debug_logs(record: logging.LogRecord) -> bool:
 for _logger_name in ("botocore.endpoint", "botocore.parsers"):
     logging.getLogger(_logger_name).addFilter(hide_credentials_in_botocore_debug_logs)
     # a response body quoting a registered secret
-    logging.getLogger(_logger_name).addFilter(RedactingFilter())
+    logging.getLogger(_logger_name).addFilter(redact_record)
 
 
 class ProxyAuthorization:

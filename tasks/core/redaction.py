@@ -170,30 +170,25 @@ def redact_strings(value: Any) -> Any:  # JSON; Any: its callers index the answe
     return value
 
 
-class RedactingFilter(logging.Filter):
-    """Passes every record through ``redact``, its traceback too.
+def redact_record(record: logging.LogRecord) -> bool:
+    """Pass a record through ``redact``, its traceback too: a logging filter.
 
     Note: the formatted traceback is kept on the record, where each handler's formatter takes it.
     """
-
-    _formatter = logging.Formatter()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if (redacted := redact(message)) != message:
-            record.msg, record.args = redacted, None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = self._formatter.formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = redact(record.stack_info)
-        return True
+    message = record.getMessage()
+    if (redacted := redact(message)) != message:
+        record.msg, record.args = redacted, None
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = redact(record.exc_text)
+    if record.stack_info:
+        record.stack_info = redact(record.stack_info)
+    return True
 
 
 PREFECT_API_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.extra", "prefect.workers")
 """The loggers whose handlers (Prefect's ``api``, ``worker_api``) send records to its API."""
-_redacting = RedactingFilter()
 
 
 def redact_records_sent_to_prefect() -> None:
@@ -207,9 +202,8 @@ def redact_records_sent_to_prefect() -> None:
       configured it.
     """
     for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
-        if _redacting not in handler.filters:
-            handler.addFilter(_redacting)
+        handler.addFilter(redact_record)
 
 
 for _logger_name in ("dupflow.clients", "httpx"):
-    logging.getLogger(_logger_name).addFilter(_redacting)
+    logging.getLogger(_logger_name).addFilter(redact_record)

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from tasks.core.readable import plain_multiline
-from tasks.core.redaction import RedactingFilter
+from tasks.core.redaction import redact_record
 
 
 class JobLogFormatter(logging.Formatter):
@@ -40,7 +40,7 @@ def job_log_handler(log_file: str | Path) -> logging.FileHandler:
 
     handler = logging.FileHandler(log_file)
     handler.setFormatter(JobLogFormatter())
-    handler.addFilter(RedactingFilter())
+    handler.addFilter(redact_record)
     for name in ("prefect", "dupflow"):
         logging.getLogger(name).addHandler(handler)
     logging.getLogger("dupflow").setLevel(logging.INFO)
