@@ -125,7 +125,7 @@ def command(
             return fail(args, service_failure_text(exc, server), EXIT_FAILED)
         # about what the server sent: plain, as its words
         except (ExtractionError, CredentialsInUrlError) as exc:
-            return fail(args, plain_text(str(exc)), EXIT_FAILED)
+            return fail(args, plain_text(exc), EXIT_FAILED)
 
     return run
 

@@ -66,7 +66,7 @@ def state_message(paths: JobPaths, run: JsonObject | None, state: str) -> str:
         )
         return f"{where}; {go_on} makes one that skips every finished step"
     server = run.get("state") or {}
-    said = plain_text(str(server.get("message") or ""))
+    said = plain_text(server.get("message") or "")
     if state == SUSPENDED:
         details = server.get("state_details") or {}
         expires = None
@@ -125,12 +125,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     paths, job, run, state, message, steps = status
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
-    shown_run = f" (flow run {plain_text(str(run.get('id')))})" if run else ""
+    shown_run = f" (flow run {plain_text(run.get('id'))})" if run else ""
     print(
         f"  state:     {state}{shown_run}"
         + (f" — {truncate(message, CAUSE_CHARS)}" if message else "")
     )
-    updated = f"   updated: {plain_text(str(run.get('updated')))}" if run else ""
+    updated = f"   updated: {plain_text(run.get('updated'))}" if run else ""
     print(f"  created:   {job.created_at}{updated}")
     shown_input = plain_text(redact(job.job_input or "-"))  # a deployment's input comes from a form
     print(f"  input:     {shown_input}")
@@ -238,7 +238,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     # the JSON's rows; an unreadable job shows why in place of its input
     for row in listed:
         age = extraction_cli.age(row["created_at"])
-        shown_input = plain_text(str(row["input"] or row["problem"] or ""))
+        shown_input = plain_text(row["input"] or row["problem"] or "")
         print(f"{row['job_id']}  {row['state']:<18}  {age:>8}  {shown_input}")
     return EXIT_OK
 

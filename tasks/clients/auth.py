@@ -190,9 +190,7 @@ class TokenSource:
             raise
         # authlib: an answer that is no JSON object (a proxy's login page)
         except ValueError as exc:
-            message = (
-                f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
-            )
+            message = f"the token endpoint's answer is no token ({plain_text(exc)}); {OAUTH_FIX}"
             raise self._refused(message) from None
         self._token_endpoint = endpoint
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)

@@ -69,7 +69,7 @@ def readable_lines(value: object, depth: int = 0) -> list[Line]:
     items = value.items() if isinstance(value, Mapping) else ((None, item) for item in value)
     lines: list[Line] = []
     for key, item in items:
-        label = None if key is None else plain_text(str(key))
+        label = None if key is None else plain_text(key)
         if isinstance(item, Mapping | list | tuple) and item:
             if label is not None:
                 lines.append((depth, label, None))
@@ -85,7 +85,7 @@ def scalar_text(value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return plain_text(str(value))
+    return plain_text(value)
 
 
 def plain_lines(value: object, indent: str) -> list[str]:
@@ -103,14 +103,14 @@ def plain_lines(value: object, indent: str) -> list[str]:
     return lines
 
 
-def plain_text(text: str) -> str:
+def plain_text(text: object) -> str:
     """Free text from outside as kept and shown: one line, at most MAX_NOTE_BYTES.
 
-    Note: each control or format character (newline, ESC, bidi overrides, zero-width) a space,
-    a cut said. A terminal or a page then shows the text as written, and nothing else: no forged
-    line, no colours.
+    Note: any value, as its ``str``; each control or format character (newline, ESC, bidi
+    overrides, zero-width) a space, a cut said. A terminal or a page then shows the text as
+    written, and nothing else: no forged line, no colours.
     """
-    shown = " ".join(plain_multiline(text).split())
+    shown = " ".join(plain_multiline(str(text)).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown
     # within the bound: a kept note stays as is
