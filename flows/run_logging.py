@@ -174,8 +174,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
         hand_over_to_prefect()
         for handler, formatter in patched:
             handler.setFormatter(formatter)
-            handler.removeFilter(redact_record)
-            handler.removeFilter(one_failure)
+            handler.removeFilter(one_failure)  # redaction stays: one filter, maybe added elsewhere
         for name, handler in (
             ("prefect", file_handler),
             ("dupflow", file_handler),
