@@ -35,9 +35,9 @@ from config.fields import (
 from config.services import SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
-# The one list of step names: the configuration checks enabled_steps by them, tasks.job.layout
-# names the import steps' folder by them, and tests/test_step_names.py checks the flow's table of
-# step tasks against them.
+# The one list of step names, then their kinds: the configuration checks enabled_steps by them,
+# tasks.job.layout names the import steps' folder by them, and the flow gives each step the output
+# of the last data step or gate before it (validation and send pass their input on).
 STEP_NAMES = (
     "extractor",
     "local_import",
@@ -49,9 +49,11 @@ STEP_NAMES = (
     "validation",
 )
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
-REPEATABLE_STEPS = ("wait",)
 # the steps that write data the next steps read
 DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")
+# the gates, the only steps that may be listed more than once: the next step reads their
+# corrections, else their input
+GATE_STEPS = ("wait",)
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
 MAX_LISTED_UNKNOWN_STEPS = 5
 _NO_CRTDL_WITH_HTTP_IMPORT = (
@@ -89,7 +91,7 @@ def _step_name_problems(steps: list[str]) -> list[str]:
         for step in counts
         if step in REMOVED_STEPS
     ]
-    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
+    once_only = set(STEP_NAMES) - set(GATE_STEPS + IMPORT_STEPS)
     duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
     return problems + [f"step {step} is listed more than once; list it once" for step in duplicates]
 

@@ -19,6 +19,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import AwaitingRetry, Completed, Suspended
 from prefect.utilities.annotations import quote
 
+from config.settings import DATA_STEPS, GATE_STEPS
 from flows.gates import run_gate
 from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
@@ -32,7 +33,6 @@ from tasks.core.errors import JobError
 from tasks.core.url_credentials import shown_url
 from tasks.job.contract import (
     StepInput,
-    StepKind,
     StepResult,
     digest,
     files_gone,
@@ -42,18 +42,6 @@ from tasks.job.contract import (
 from tasks.job.filework import file_runner
 from tasks.job.layout import JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import COMPLETED, FAILED, counts_text, read_facts, record_facts
-
-
-STEPS: dict[str, StepKind] = {
-    "extractor": StepKind.IMPORT,
-    "local_import": StepKind.IMPORT,
-    "http_import": StepKind.IMPORT,
-    "pseudonymizer": StepKind.TRANSFORM,
-    "wait": StepKind.GATE,
-    "validation": StepKind.PASS_THROUGH,
-    "flattening": StepKind.TRANSFORM,
-    "send": StepKind.SINK,
-}
 
 
 def step_module(name: str) -> ModuleType:
@@ -274,7 +262,7 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         step = step_input(job, position, name, current)
         try:
-            if STEPS[name] is StepKind.GATE:
+            if name in GATE_STEPS:
                 result = run_gate(job, step, results, card, note)
             else:
                 result = run_step(getattr(step_module(name), name), step)
@@ -291,7 +279,8 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         card.refresh()
         files = f"{counted(len(result.files), 'file')}, {counts_text(result.files)}"
         get_run_logger().info("step %d %s: %s in %s", position + 1, name, files, result.folder)
-        if STEPS[name] in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
+        # a pass-through or sink step passes its input on
+        if name in DATA_STEPS + GATE_STEPS:
             current = result
     return results
 

@@ -1,4 +1,4 @@
-"""The step contract: its input, result, kinds and the task decorators.
+"""The step contract: its input, result and the task decorators.
 
 See docs/development.md#the-step-contract.
 """
@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -38,14 +37,6 @@ from tasks.job.record import FileColumns, FileEntry, StepRecord
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
-
-
-class StepKind(StrEnum):
-    IMPORT = "import"
-    TRANSFORM = "transform"
-    PASS_THROUGH = "pass-through"
-    GATE = "gate"
-    SINK = "sink"
 
 
 @dataclass(frozen=True, slots=True)
