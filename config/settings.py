@@ -229,9 +229,6 @@ class PipelineSettings(ConfigModel):
     def max_ndjson_line_size_bytes(self) -> int:
         return self.max_ndjson_line_size_mb * 1024 * 1024
 
-    def has_step(self, step: str) -> bool:
-        return step in self.enabled_steps
-
     @field_validator("enabled_steps")
     @classmethod
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
@@ -349,11 +346,11 @@ class Settings(ConfigModel):
         problems = [
             _required(path, f"because the {step} step is enabled")
             for step, path in _REQUIRED_BY_STEP.items()
-            if self.pipeline.has_step(step)
+            if step in self.pipeline.enabled_steps
             and functools.reduce(getattr, path.split("."), self) is None
         ]
         send = self.services.send
-        if self.pipeline.has_step("send"):
+        if "send" in self.pipeline.enabled_steps:
             problems += _send_problems(send, info)
             if send.send_as == "direct_resource_load" and _after_flattening(
                 self.pipeline.enabled_steps, "send"

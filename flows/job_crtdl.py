@@ -76,7 +76,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
         except EnrichmentError as exc:
             raise JobError(f"{source}: {exc}") from exc
     enriched = with_group_ids(enriched)
-    if settings.pipeline.has_step("flattening"):
+    if "flattening" in settings.pipeline.enabled_steps:
         refuse_unusable_group_names(source, enriched)
     if enriched is parsed:
         return EffectiveCrtdl(source, CRTDL_NAME, data, [])

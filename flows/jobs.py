@@ -405,7 +405,7 @@ def step_file_problems(settings: Settings) -> list[str]:
             (
                 "services.pseudonymizer.anonymization_config",
                 anonymization,
-                settings.pipeline.has_step("pseudonymizer"),
+                "pseudonymizer" in settings.pipeline.enabled_steps,
             ),
             ("tls.ca_cert_path", settings.tls.ca_cert_path, True),
         )
@@ -413,7 +413,7 @@ def step_file_problems(settings: Settings) -> list[str]:
         if path and (problem := settings_file_problem(Path(path).expanduser(), must_exist=read))
     ]
     lookup = settings.services.flattening.lookup_path
-    if not settings.pipeline.has_step("flattening") or not lookup:
+    if "flattening" not in settings.pipeline.enabled_steps or not lookup:
         return problems
     from tasks.sof.lookup import lookup_problems
 

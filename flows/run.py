@@ -217,7 +217,7 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
     Why: it would be ignored without a word.
     """
     for key, step in FLAG_KEYS.values():
-        if (label := labels.get(key)) and not settings.pipeline.has_step(step):
+        if (label := labels.get(key)) and step not in settings.pipeline.enabled_steps:
             raise UsageError(
                 f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is "
                 f"what reads it; add {step} to pipeline.enabled_steps, or leave {label} out"
