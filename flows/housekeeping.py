@@ -16,7 +16,7 @@ from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.job_state import JobLock, JobLockedError, current_states
+from flows.job_state import job_lock, JobLockedError, current_states
 from flows.prefect_api import api_json, filter_rows
 from flows.terminal import Commands, print_stderr
 from tasks.clients.errors import ServiceError
@@ -401,7 +401,7 @@ def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
     if not job.paths.job_file.is_file():
         return "it is gone (removed by another prune meanwhile)"
     try:
-        with JobLock(job.paths):
+        with job_lock(job.paths):
             if changed_time(job.paths) != job.changed_at:
                 return "it changed since it was listed; run prune again"
             job.flow_runs, job.artifact_ids = server_records(job.paths)  # as they are now

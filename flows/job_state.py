@@ -11,6 +11,8 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,61 +54,62 @@ class JobLockedError(JobError):
     pass
 
 
-class JobLock:
-    """An exclusive lock on a job directory for a process's lifetime.
+@contextmanager
+def job_lock(paths: JobPaths) -> Iterator[None]:
+    """Hold an exclusive lock on a job directory while the block runs.
 
     Note: the kernel drops it when the process dies. The lock file holds its holder's process id, so
     a second taking in the same process (``continue``, then its flow) owns nothing.
     """
-
-    def __init__(self, paths: JobPaths):
-        self._path = paths.job_dir / LOCK_FILE
-        self._fd: int | None = None
-
-    def acquire(self) -> JobLock:
-        directory = self._path.parent
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            # every record write makes a file beside job.json
-            tempfile.TemporaryFile(dir=directory).close()
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:  # never written through: its target could be any file
-                raise JobError(
-                    f"job {directory.name}: its lock file {self._path} is a symbolic "
-                    "link; remove it and run continue"
-                ) from None
+    directory, path = paths.job_dir, paths.job_dir / LOCK_FILE
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        # every record write makes a file beside job.json
+        tempfile.TemporaryFile(dir=directory).close()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # never written through: its target could be any file
             raise JobError(
-                f"job {directory.name}: cannot write in its directory {directory} "
-                f"({exc.strerror}); make it writable, or copy the job to a writable place, and "
-                "run continue there"
+                f"job {directory.name}: its lock file {path} is a symbolic "
+                "link; remove it and run continue"
             ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0)
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if holder == str(os.getpid()).encode():
-                return self
-            raise JobLockedError(
-                f"job {directory.name} is being worked on by another process; wait for it "
-                "to end (or stop it) and run continue"
-            ) from exc
+        raise JobError(
+            f"job {directory.name}: cannot write in its directory {directory} "
+            f"({exc.strerror}); make it writable, or copy the job to a writable place, and "
+            "run continue there"
+        ) from None
+    if not took_lock(fd, directory):
+        yield
+        return
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    try:
+        yield
+    finally:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-        return self
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
-    __enter__ = acquire
 
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+def took_lock(fd: int, directory: Path) -> bool:
+    """Lock the open lock file ``fd``; False (``fd`` closed) when this process holds it already.
+
+    Note: another holder's lock is a ``JobLockedError``.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = os.pread(fd, 32, 0)
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        if holder == str(os.getpid()).encode():
+            return False
+        raise JobLockedError(
+            f"job {directory.name} is being worked on by another process; wait for it "
+            "to end (or stop it) and run continue"
+        ) from exc
+    return True
 
 
 def current_states(jobs: list[JobPaths]) -> dict[JobPaths, str]:

@@ -17,7 +17,7 @@ from config.loader import (
 )
 from config.settings import Settings
 from flows.job_crtdl import EffectiveCrtdl, crtdl_input, effective_crtdl, no_crtdl_message
-from flows.job_state import JobLock
+from flows.job_state import job_lock
 from tasks.core.errors import JobError
 from tasks.core.json_shapes import JsonObject
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
@@ -110,7 +110,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
         }
         settings = cached_settings(record.config_path, changed)
         # never a job another process works on
-        with JobLock(paths), changing_record(paths.job_dir) as record:
+        with job_lock(paths), changing_record(paths.job_dir) as record:
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)

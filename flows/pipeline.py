@@ -24,7 +24,7 @@ from flows.gates import run_gate
 from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
 from flows.job_card import JobRecordCard, publish_step_table
-from flows.job_state import JobLock, suspended_message
+from flows.job_state import job_lock, suspended_message
 from flows.jobs import Job, checked_attach, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.core.readable import counted
@@ -105,7 +105,7 @@ def pipeline(
         get_run_logger().warning(
             "the Prefect server may not mark this job Crashed if its process is killed: %s", problem
         )
-    with JobLock(job.paths), stop_watch(UUID(runtime.flow_run.id)) as stop:
+    with job_lock(job.paths), stop_watch(UUID(runtime.flow_run.id)) as stop:
         settle_submission_in_doubt(job, attach, resubmit)
         card = JobRecordCard(job)
         try:

@@ -41,8 +41,8 @@ from flows import extraction_cli, housekeeping, prefect_server, server_cli, view
 from flows.api_watch import api_watched
 from flows.job_state import (
     SCHEDULED_NAMES,
-    JobLock,
     find_job_dir,
+    job_lock,
     newest_run,
     run_state,
     suspended_message,
@@ -278,7 +278,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
     overrides, _ = overrides_from_flags(args)
     checked_attach(args.attach, "--attach")
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
-    with JobLock(paths):
+    with job_lock(paths):
         job = read_record(paths.job_dir)
         # before a flow run exists
         refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)

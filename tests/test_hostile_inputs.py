@@ -40,7 +40,7 @@ from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
 from flows.job_card import markdown_list, one_line_text
-from flows.job_state import LOCK_FILE, JobLock, JobLockedError
+from flows.job_state import LOCK_FILE, job_lock, JobLockedError
 from flows.jobs import existing_job, prepare_job
 from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
@@ -731,7 +731,7 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
     (job_dir / LOCK_FILE).symlink_to(precious)
 
     with pytest.raises(JobError, match=f"its lock file {job_dir / LOCK_FILE} is a symbolic link; remove it"):
-        JobLock(JobPaths(job_dir)).acquire()
+        job_lock(JobPaths(job_dir)).__enter__()
 
     assert precious.read_text() == "keep me\n"
 

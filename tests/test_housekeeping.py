@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.job_state import JobLock
+from flows.job_state import job_lock
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths, directory_tag
 from tasks.job.record import JobRecord, changing_record
@@ -107,7 +107,7 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
     }
     assert all(runs and keys for runs, keys in others.values())
 
-    with JobLock(JobPaths(running)), JobLock(JobPaths(taken)):
+    with job_lock(JobPaths(running)), job_lock(JobPaths(taken)):
         removed = run_cli("prune", "--jobs-dir", str(jobs), "--older-than", "30d", "--yes")
 
     assert removed.returncode == EXIT_OK, removed.stderr

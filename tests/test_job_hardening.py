@@ -132,10 +132,10 @@ def test_a_second_continue_on_a_running_job_is_refused_with_exit_2_and_records_n
     job_dir = only_job_dir(tmp_path / "jobs")
     before = job_file(job_dir)
 
-    from flows.job_state import JobLock
+    from flows.job_state import job_lock
     from tasks.job.layout import JobPaths
 
-    with JobLock(JobPaths(job_dir)):  # another process is working on the job
+    with job_lock(JobPaths(job_dir)):  # another process is working on the job
         second = run_cli("continue", str(job_dir), "--no-progress")
     assert second.returncode == EXIT_USAGE
     assert "is being worked on by another process" in second.stderr

@@ -16,7 +16,7 @@ import pytest
 
 from flows.gates import InspectionInput
 from flows.job_card import STEP_TABLE_ROWS, inspection_lines, step_table_rows
-from flows.job_state import JobLock, finished_steps
+from flows.job_state import finished_steps, job_lock
 from tests.support.results import write_step_record
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
@@ -69,12 +69,12 @@ def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
 @pytest.mark.slow
 def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_process(tmp_path):
     paths = JobPaths(tmp_path / "job")
-    with JobLock(paths):
-        with JobLock(paths):  # the same process (continue, then its flow): owns nothing, releases nothing
+    with job_lock(paths):
+        with job_lock(paths):  # the same process (continue, then its flow): owns nothing, releases nothing
             pass
         take = (
-            "from pathlib import Path; from flows.job_state import JobLock; from tasks.job.layout import JobPaths; "
-            f"JobLock(JobPaths(Path({str(paths.job_dir)!r}))).acquire()"
+            "from pathlib import Path; from flows.job_state import job_lock; from tasks.job.layout import JobPaths; "
+            f"job_lock(JobPaths(Path({str(paths.job_dir)!r}))).__enter__()"
         )
         other = subprocess.run(
             [sys.executable, "-c", take],
@@ -84,7 +84,7 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
         )
         assert "JobLockedError" in other.stderr, other.stderr
     assert (paths.job_dir / ".lock").read_text() == "", "released by its first holder, emptied"
-    with JobLock(paths):
+    with job_lock(paths):
         pass
 
 
