@@ -209,9 +209,9 @@ def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):
-        extraction = shlex.quote(plain_text(str(extraction)))
+        extraction = shlex.quote(plain_text(extraction))
         where = shown_url(
-            plain_text(str(job.facts.get("extraction_status_url") or "the extraction server"))
+            plain_text(job.facts.get("extraction_status_url") or "the extraction server")
         )
         return (
             f"its extraction job {extraction} may still run ({where}); to cancel it: {CLI} "

@@ -177,7 +177,7 @@ def run_state(run: JsonObject | None) -> str:
     Why: any API client may name a state.
     """
     name = (run or {}).get("state_name")  # the server's copy of its state's name
-    return plain_text(str(name)) if name else UNKNOWN
+    return plain_text(name) if name else UNKNOWN
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
@@ -304,6 +304,6 @@ def step_at_work(job_id: str, run_id: str, position: int, step: str) -> str | No
         return None
     if str(artifact.get("flow_run_id")) != run_id:
         return None  # none, or an earlier run's
-    said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
+    said = plain_text(artifact.get("description") or "").removeprefix(f"{step} ")
     percent = artifact.get("data")
     return f"{said} ({percent:.0f} %)" if isinstance(percent, int | float) else said

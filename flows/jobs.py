@@ -252,7 +252,7 @@ def refuse_extraction_flags_of_a_followed_url(
     ):
         flag = "--attach" if attach else "--resubmit"
         # a damaged record's host may hold escape sequences
-        url = shown_url(plain_text(str(record.job_input)))
+        url = shown_url(plain_text(record.job_input))
         raise JobError(
             f"job {record.job_id} follows the extraction at the status URL it was started with "
             f"({url}); {flag} applies to a job that submits its CRTDL. Continue it without the "
