@@ -9,6 +9,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NotRequired, TypeVar, Unpack
 
@@ -153,57 +154,57 @@ def within_deadlines(client: ClientT) -> ClientT:
     return client
 
 
+@dataclass
 class ReplayableBody:
     """A request body made afresh for each send, never held whole in memory.
 
     Note: each send is a retry or a resend after a 401.
     """
 
-    def __init__(self, make: Callable[[], Iterable[bytes]]):
-        self._make = make
+    make: Callable[[], Iterable[bytes]]
 
     def __iter__(self) -> Iterator[bytes]:
-        yield from self._make()
+        yield from self.make()
 
 
-class UnreadBody(httpx.SyncByteStream):
+@dataclass
+class _AnswerBody(httpx.SyncByteStream):
+    """An answer's body in place of its ``stream``, which closing it closes."""
+
+    stream: httpx.SyncByteStream
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+class UnreadBody(_AnswerBody):
     """The body of an answer not used (a redirect's, a 401's), left unread.
 
     Why: httpx would read it whole before the next request.
     Note: closing it closes the connection, which cannot carry another request.
     """
 
-    def __init__(self, stream: httpx.SyncByteStream):
-        self._stream = stream
-
     def __iter__(self) -> Iterator[bytes]:
         yield from ()
 
-    def close(self) -> None:
-        self._stream.close()
 
-
-class CappedBody(httpx.SyncByteStream):
+@dataclass
+class CappedBody(_AnswerBody):
     """A sync answer's body as sent, at most ``limit`` bytes of it.
 
     Note: ``too_large()`` is raised once more comes.
     """
 
-    def __init__(
-        self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]
-    ):
-        self._stream, self._limit, self._too_large = stream, limit, too_large
+    limit: int
+    too_large: Callable[[], Exception]
 
     def __iter__(self) -> Iterator[bytes]:
         seen = 0
-        for piece in self._stream:
+        for piece in self.stream:
             seen += len(piece)
-            if seen > self._limit:
-                raise self._too_large()
+            if seen > self.limit:
+                raise self.too_large()
             yield piece
-
-    def close(self) -> None:
-        self._stream.close()
 
 
 class TooLarge(Call):
