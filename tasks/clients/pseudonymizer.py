@@ -157,11 +157,11 @@ class Pseudonymizer:
     def _deidentify(self, resource_json: bytes, resource: JsonObject) -> bytes:
         operation = f"de-identify {show_text(resource.get('resourceType'))}"
         response = self._send(operation=operation, body=self._body(resource_json))
-        return checked_answer(response.content, resource)[0]
+        return checked_answer(response.content, resource)
 
 
-def checked_answer(content: bytes, sent: JsonObject) -> tuple[bytes, JsonObject]:
-    """Return the answer as one NDJSON line and parsed, checked.
+def checked_answer(content: bytes, sent: JsonObject) -> bytes:
+    """Return the answer as one NDJSON line, checked.
 
     Note: it must be a resource of the sent type with all its entries.
     """
@@ -189,7 +189,7 @@ def checked_answer(content: bytes, sent: JsonObject) -> tuple[bytes, JsonObject]
         )
     # the answer's own bytes, numbers as written, as one line: a line break can only stand between
     # JSON tokens (a string holds it escaped), so each becomes a space
-    return content.strip().replace(b"\r", b" ").replace(b"\n", b" "), answer
+    return content.strip().replace(b"\r", b" ").replace(b"\n", b" ")
 
 
 def _entry_count(bundle: JsonObject) -> int | None:
