@@ -56,6 +56,8 @@ class _Scope:
 
 
 _cancelled: contextvars.ContextVar[_Scope] = contextvars.ContextVar("fanout_cancelled")
+_OUTSIDE = _Scope(None)
+"""The scope of calls outside every fan-out, never cancelled."""
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
@@ -130,7 +132,7 @@ def cancel_scope() -> Iterator[Callable[[], None]]:
     thread may call it (a file task on a Dask worker is stopped so, a job's run by a Cancel on the
     Prefect server).
     """
-    scope = _Scope(_cancelled.get(None))
+    scope = _Scope(_cancelled.get(_OUTSIDE))
     token = _cancelled.set(scope)
     try:
         yield scope.cancel
@@ -140,7 +142,7 @@ def cancel_scope() -> Iterator[Callable[[], None]]:
 
 def raise_if_cancelled() -> None:
     """Stop a call of ``run_bounded`` whose fan-out is being cancelled (else a no-op)."""
-    if (found := _cancelled.get(None)) is not None and found.cancelled.is_set():
+    if _cancelled.get(_OUTSIDE).cancelled.is_set():
         raise Cancelled("the run was interrupted")
 
 
@@ -153,10 +155,7 @@ def pause(seconds: float) -> None:
 
     Note: a poll's or a retry's wait.
     """
-    if (found := _cancelled.get(None)) is None:
-        time.sleep(seconds)
-        return
-    found.cancelled.wait(seconds)
+    _cancelled.get(_OUTSIDE).cancelled.wait(seconds)
     raise_if_cancelled()
 
 
@@ -166,9 +165,7 @@ def stopping(stop: Callable[[], None]) -> Iterator[None]:
 
     Why: ``stop`` ends a read blocked on a socket.
     """
-    if (found := _cancelled.get(None)) is None:
-        yield
-        return
+    found = _cancelled.get(_OUTSIDE)
     found.stops.add(stop)
     try:
         if found.cancelled.is_set():
@@ -188,8 +185,7 @@ def unless_cancelled() -> Iterator[None]:
     Why: under the lock the caller cancels under: a caller not waiting for a stalled call removes
     the temporary files, and none may come after.
     """
-    found = _cancelled.get(None)
-    with contextlib.nullcontext() if found is None else found.creating:
+    with _cancelled.get(_OUTSIDE).creating:
         raise_if_cancelled()
         yield
 
