@@ -126,17 +126,11 @@ class BoundedBackend(httpcore.SyncBackend):
     """httpcore's sync network backend, each connection bounded by its call's deadline."""
 
     def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+        self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any
     ) -> httpcore.NetworkStream:
+        """Connect as httpcore does, within the call's deadline; the other arguments as given."""
         timeout = _capped(timeout, httpcore.ConnectTimeout, None)
-        return _BoundedStream(
-            super().connect_tcp(host, port, timeout, local_address, socket_options)
-        )
+        return _BoundedStream(super().connect_tcp(host, port, timeout, *args, **kwargs))
 
 
 ClientT = TypeVar("ClientT", bound=httpx.Client)
