@@ -22,6 +22,7 @@ import pytest
 from flows.extraction_cli import service_failure_text
 from flows.run import main
 from tasks.clients.bounds import Deadline, answer_too_large
+from tasks.clients.errors import ServiceError
 from tasks.job.record import JobRecord, changing_record, read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
@@ -227,10 +228,11 @@ def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config
 def test_only_a_missing_answer_is_told_as_no_answer_from_the_server():
     server = "http://torch.example/fhir"
     too_large = answer_too_large("over 1.0 MB", 1 << 20, operation="list jobs", service="extractor", hint="-")
-    deadline = Deadline(timedelta(seconds=5), "services.extractor.timeout").exceeded("list jobs", "extractor")
+    with pytest.raises(ServiceError) as deadline:  # a deadline already passed
+        Deadline(timedelta(0), "services.extractor.timeout").check("list jobs", "extractor")
 
     assert "no answer" not in service_failure_text(too_large, server)
-    assert f"no answer from the extraction server at {server}" in service_failure_text(deadline, server)
+    assert f"no answer from the extraction server at {server}" in service_failure_text(deadline.value, server)
 
 
 def test_an_unknown_job_is_explained(capsys, torch, config):

@@ -38,10 +38,6 @@ class Deadline:
         self._end = time.monotonic() + duration.total_seconds()
         self._socket: socket.socket | None = None  # the one its call last waited on
 
-    def check(self, operation: str, service: str | None) -> None:
-        if time.monotonic() >= self._end:
-            raise self.exceeded(operation, service)
-
     @contextlib.contextmanager
     def bounding(self) -> Iterator[None]:
         """Bound each socket operation of this thread in the block by the deadline.
@@ -61,13 +57,16 @@ class Deadline:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def exceeded(self, operation: str, service: str | None) -> ServiceError:
+    def check(self, operation: str, service: str | None) -> None:
+        """Raise the call's ``ServiceError`` once the deadline has passed."""
+        if time.monotonic() < self._end:
+            return
         source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
         message = (
             f"no complete answer{source} within {round(self.duration.total_seconds(), 1):g} s, "
             "the deadline of one request"
         )
-        return ServiceError(
+        raise ServiceError(
             operation,
             None,
             f"{message} ({self.setting})",
