@@ -214,12 +214,12 @@ def compact_size(resource: Any) -> int:
 
 
 def needs_split(resource: JsonObject, threshold_bytes: int) -> bool:
-    # another value than a list is sent as it is: the service says what is wrong
-    entries = resource.get("entry")
-    is_bundle = (
-        resource.get("resourceType") == "Bundle" and isinstance(entries, list) and bool(entries)
+    # an entry that is no array is sent as it is: the service says what is wrong
+    return (
+        resource.get("resourceType") == "Bundle"
+        and bool(_entry_count(resource))
+        and compact_size(resource) > threshold_bytes
     )
-    return is_bundle and compact_size(resource) > threshold_bytes
 
 
 def split_bundle(bundle: JsonObject, threshold_bytes: int) -> list[JsonObject]:
