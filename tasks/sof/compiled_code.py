@@ -228,7 +228,8 @@ class _Writer:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         assert plan is not None  # _in_subset planned every column before the writer starts
-        if len(plan.operations) == 1 and (focus, plan.key) in self.known:
+        # ``plan.key``: a column of one member step (else "", which no where compares)
+        if (focus, plan.key) in self.known:
             return self.known[(focus, plan.key)]
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
