@@ -466,10 +466,7 @@ def member_plan(evaluate: Any, path: TypePath) -> Plan | None:
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
-    if plan is None or not plan.operations:
-        return None
-    return (
-        plan
-        if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations)
-        else None
-    )
+    # first() steps have no key, nor member steps to no child
+    if plan and plan.operations and all(key for _, key, _, _ in plan.operations):
+        return plan
+    return None
