@@ -4,6 +4,7 @@ How each value becomes a cell: spec/protocols.md and docs/development.md, "The S
 """
 
 import csv
+import re
 from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from itertools import chain, islice
@@ -17,7 +18,7 @@ from tasks.core.exact_json import dumps_exact
 from tasks.sof.shapes import Row
 
 
-_NEEDS_QUOTES = (",", '"', "\n", "\r")
+_NEEDS_QUOTES = re.compile('[,"\n\r]')
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no
 conversion. Not ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
@@ -131,7 +132,7 @@ def _width(batch: list[Any]) -> int:
 
 
 def _quoted(cell: str) -> str:
-    if any(special in cell for special in _NEEDS_QUOTES):
+    if _NEEDS_QUOTES.search(cell):
         return '"' + cell.replace('"', '""') + '"'
     return cell
 
