@@ -128,9 +128,7 @@ class _Writer:
         kind, key, text, at = plan.operations[-1]
         null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
         if kind == "where" and not select.selects:  # a row per element kept, made in the pass
-            found = f"[{focus}]"
-            if len(plan.operations) > 1:
-                found = self.walk(plan.operations[:-1], focus, indent)
+            found = self.walk(plan.operations[:-1], focus, indent)
             self.built(self.grouped(found, key, at, indent), key, text, rows, select, plan.path)
             if select.iteration == "forEachOrNull":
                 self.emit(indent, f"if not {rows}:", f"{rows} = [{self.constant(null_row)}]")
@@ -290,7 +288,7 @@ class _Writer:
         """Code giving the elements of an iteration's steps in a list; the list's name.
 
         Note: lists an earlier walk in the block made of its first steps from this focus are
-        reused."""
+        reused; no steps: the focus in a list of one."""
         found, step = None, 0
         while step < len(operations):
             # two member steps opening a walk no earlier one opened: taken as one (``member_pair``)
@@ -307,8 +305,7 @@ class _Writer:
                     else self.step(operations[step], found, focus, indent)
                 )
             found, step = self.walked[known], step + 1 + paired
-        assert found is not None  # member_plan gives plans of one step or more
-        return found
+        return found or f"[{focus}]"
 
     def member_pair(self, first: Operation, second: Operation, focus: str, indent: int) -> str:
         """Code giving the elements of two member steps (``code.coding``); the list's name.
