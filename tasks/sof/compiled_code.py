@@ -448,12 +448,10 @@ def _in_subset(select: Any, path: TypePath, depth: int) -> bool:
 
 def column_plan(column: Any, path: TypePath) -> Plan | None:
     """A column's plan where it is a single-valued chain of members."""
-    if column.collection:
-        return None
-    plan = member_plan(column.evaluate, path)
-    if plan is None or any(kind != "member" for kind, _, _, _ in plan.operations):
-        return None
-    return plan
+    plan = None if column.collection else member_plan(column.evaluate, path)
+    if plan and all(kind == "member" for kind, _, _, _ in plan.operations):
+        return plan
+    return None
 
 
 def member_plan(evaluate: Any, path: TypePath) -> Plan | None:
