@@ -368,8 +368,10 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
     ]
     union = _compile_union(spec["unionAll"], where, variables, depth) if "unionAll" in spec else []
-    names = [c.name for c in columns] + [name for nested in selects for name in nested.names]
-    names += union[0].names if union else []
+    # a unionAll's branches have the same names
+    names = [c.name for c in columns] + [
+        name for nested in selects + union[:1] for name in nested.names
+    ]
     own = tuple(0 if c.evaluate.expression.strip() == ROW_INDEX else None for c in columns)
     null_row = own + (None,) * (len(names) - len(own))
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
