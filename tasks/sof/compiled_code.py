@@ -314,7 +314,7 @@ class _Writer:
         no loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
-        self.check_object(focus, at, indent, once=True)
+        self.check_object(focus, at, indent)
         self.emit(indent, f"{child} = {self.member(focus, key)}")
         planned = (
             f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
@@ -335,7 +335,7 @@ class _Writer:
         kept = self.name("e")
         if kind == "member" and found is None:
             child = self.name("c")
-            self.check_object(focus, at, indent, once=True)
+            self.check_object(focus, at, indent)
             self.emit(indent, f"{child} = {self.member(focus, key)}")
             self.listed(child, kept, indent)
         elif kind == "where":
@@ -387,10 +387,11 @@ class _Writer:
             self.lines.append(where.branches)
         return self.groups[known]
 
-    def check_object(self, value: str, at: TypePath, indent: int, once: bool = False) -> None:
+    def check_object(self, value: str, at: TypePath, indent: int, once: bool = True) -> None:
         """Code giving up unless ``value`` is a JSON object of type ``at``.
 
-        Note: ``once``: a focus, checked once a block. A struct was checked as decoded."""
+        Note: ``once``: not again where checked in the block (False: a name given another value
+        since). A struct was checked as decoded."""
         if self.fields is not None or once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
