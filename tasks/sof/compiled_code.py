@@ -174,20 +174,21 @@ class _Writer:
         rows, lists = into or self.name("r"), [part for part, one in parts if not one]
         # a nested select of one row is joined to its parent's columns (``compile_view``)
         assert lists
+        crossed = len(lists) > 1  # a product of lists that may each give several rows
         row = " + ".join(part if one else f"{part}[0]" for part, one in parts)
-        size = f"len({lists[0]})" if len(lists) == 1 else self.name("n")
-        if len(lists) > 1:  # the product's size tells which lists give more than one row
+        size = self.name("n") if crossed else f"len({lists[0]})"
+        if crossed:  # the product's size tells which lists give more than one row
             self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
         self.emit(
             indent, f"if {size} == 1:", f"{rows}.append({row})" if into else f"{rows} = [{row}]"
         )
-        if len(lists) > 1:  # no rows where a list has none (below, every list has one or more)
+        if crossed:  # no rows where a list has none (below, every list has one or more)
             self.emit(indent, f"elif not {size}:", "pass" if into else f"{rows} = []")
         for several in lists:  # one list of rows, one from each other (the usual case): no product
-            self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
+            self.emit(indent, f"elif {size} == len({several}):" if crossed else "else:")
             self.joined(parts, several, rows, indent + 1, into is None)
         # one list of rows is no longer than the limit; a product of several may be
-        if len(lists) > 1:
+        if crossed:
             self.emit(indent, f"elif {size} > {self.limit}:", IRREGULAR)
             self.emit(indent, "else:")
             each = {part: self.name("p") for part in lists}
