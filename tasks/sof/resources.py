@@ -57,10 +57,9 @@ def parse_line(source: Path | str, number: int, line: bytes) -> JsonObject:
 def line_resources(resource: JsonObject) -> list[JsonObject]:
     if resource.get("resourceType") != "Bundle":
         return [resource]
-    entries = as_array(resource.get("entry"))
     return [
         e["resource"]
-        for e in entries
+        for e in as_array(resource.get("entry"))
         if isinstance(e, dict) and isinstance(e.get("resource"), dict)
     ]
 
