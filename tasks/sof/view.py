@@ -331,7 +331,7 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         )
     if not (selects := as_array(view.get("select"))):
         raise ViewDefinitionError("the ViewDefinition has no select")
-    constants = _constants(view.get("constant", []))
+    constants = _constants(view)
     known_variables = _BUILTIN_VARIABLES | set(constants)
     root = _compile_select({"select": selects}, "view", known_variables)
     # nested at most MAX_SELECT_DEPTH levels by now
@@ -341,10 +341,10 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     if twice := [name for index, name in enumerate(root.names) if name in root.names[:index]]:
         raise ViewDefinitionError(f"column name {twice[0]!r} is used more than once")
     where = []
-    for index, clause in enumerate(_list_of(view.get("where", []), "where")):
+    for place, clause in _listed(view, "where"):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
-            raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
-        where.append(_compile(clause["path"], f"where[{index}]", known_variables))
+            raise ViewDefinitionError(f"{place} needs a path (a FHIRPath giving a boolean)")
+        where.append(_compile(clause["path"], place, known_variables))
     name = str(view.get("name") or view.get("title") or resource)
     made = CompiledView(resource, root.names, root, where, constants, name, max_rows_per_resource)
     refuse_other_types(made)
@@ -360,14 +360,14 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     iteration, paths = _iteration(spec, where)
     iterate = [_compile(path, f"{where}.{iteration}", variables) for path in paths]
     columns = [
-        _compile_column(column, f"{where}.column[{index}]", variables)
-        for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column"))
+        _compile_column(column, place, variables)
+        for place, column in _listed(spec, "column", f"{where}.")
     ]
     selects = [
-        _compile_select(s, f"{where}.select[{i}]", variables, depth + 1)
-        for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
+        _compile_select(s, place, variables, depth + 1)
+        for place, s in _listed(spec, "select", f"{where}.")
     ]
-    union = _compile_union(spec["unionAll"], where, variables, depth) if "unionAll" in spec else []
+    union = _compile_union(spec, where, variables, depth) if "unionAll" in spec else []
     # a unionAll's branches have the same names
     names = [c.name for c in columns] + [
         name for nested in selects + union[:1] for name in nested.names
@@ -400,12 +400,12 @@ def _iteration(spec: JsonObject, where: str) -> tuple[str | None, list[Any]]:
 
 
 def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
-    if not (branches := _list_of(spec, f"{where}.unionAll")):
-        raise ViewDefinitionError(f"{where}.unionAll is empty")
     union = [
-        _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1)
-        for i, s in enumerate(branches)
+        _compile_select(s, place, variables, depth + 1)
+        for place, s in _listed(spec, "unionAll", f"{where}.")
     ]
+    if not union:
+        raise ViewDefinitionError(f"{where}.unionAll is empty")
     for index, branch in enumerate(union[1:], start=1):
         if branch.names != union[0].names:
             raise ViewDefinitionError(
@@ -460,11 +460,11 @@ def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:
         raise ViewDefinitionError(f"{where}: {exc}") from exc
 
 
-def _constants(specs: Any) -> JsonObject:
+def _constants(view: JsonObject) -> JsonObject:
     constants: JsonObject = {}
-    for index, spec in enumerate(_list_of(specs, "constant")):
+    for place, spec in _listed(view, "constant"):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not spec["name"]:
-            raise ViewDefinitionError(f"constant[{index}] needs a name")
+            raise ViewDefinitionError(f"{place} needs a name")
         value_keys = [key for key in spec if key.startswith("value")]
         if len(value_keys) != 1:
             raise ViewDefinitionError(f"constant {spec['name']!r} needs exactly one value[x]")
@@ -473,7 +473,10 @@ def _constants(specs: Any) -> JsonObject:
     return constants
 
 
-def _list_of(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ViewDefinitionError(f"{where} must be a list")
-    return value
+def _listed(spec: JsonObject, key: str, where: str = "") -> list[tuple[str, Any]]:
+    """The items of the list at ``key`` (none where it is missing), each after its place.
+
+    Note: the place names the item in errors (``where`` its parent's, then a dot)."""
+    if not isinstance(items := spec.get(key, []), list):
+        raise ViewDefinitionError(f"{where}{key} must be a list")
+    return [(f"{where}{key}[{index}]", item) for index, item in enumerate(items)]
