@@ -299,10 +299,10 @@ class CompiledView:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: JsonObject, exc: ViewEvaluationError) -> ViewEvaluationError:
-        key = (
-            f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
+        return ViewEvaluationError(
+            f"view {self.name!r}, {show_text(resource.get('resourceType'))}/"
+            f"{show_text(resource.get('id', '(no id)'))}: {exc}"
         )
-        return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     def _passes(self, focus: Focus, env: Env) -> bool:
         for evaluate in self.where:
