@@ -162,11 +162,17 @@ def _set_overrides(
 ) -> list[str]:
     """Set the APP_* variables and flags in ``tree``; the problems of unknown flags."""
     index = env_var_index()
-    names = [name for name in sorted(env) if name in index and env[name] != ""]
-    _set_values(tree, {index[name]: (env[name], f"env {name}") for name in names}, raw_sources)
+    from_env = {
+        index[name]: (env[name], f"env {name}")
+        for name in sorted(env)
+        if name in index and env[name]
+    }
+    _set_values(tree, from_env, raw_sources)
     labels = {key: override_labels.get(key, f"--set {key}") for key in overrides}
-    known = [key for key in overrides if key in settable_paths()]
-    _set_values(tree, {key: (overrides[key], f"flag {labels[key]}") for key in known}, raw_sources)
+    from_flags = {
+        key: (overrides[key], f"flag {labels[key]}") for key in overrides if key in settable_paths()
+    }
+    _set_values(tree, from_flags, raw_sources)
     return [_unknown_flag_key(key, labels[key]) for key in labels if key not in settable_paths()]
 
 
