@@ -49,8 +49,8 @@ class LoadedConfig(NamedTuple):
     warnings: list[str]
 
 
-def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonObject | None, str]:
-    """The mapping that holds the last key of ``path``, or None; and that key.
+def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonObject, str]:
+    """The mapping that holds the last key of ``path`` (else an empty one); and that key.
 
     Note: with ``create``, the mappings on the way are made.
     """
@@ -60,12 +60,12 @@ def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonO
         if create and not isinstance(node.get(part), dict):
             node[part] = {}
         node = node.get(part) if isinstance(node, dict) else None
-    return (node if isinstance(node, dict) else None), leaf
+    return (node if isinstance(node, dict) else {}), leaf
 
 
 def _has_path(tree: JsonObject, path: str) -> bool:
     node, leaf = _parent_of(tree, path)
-    return node is not None and leaf in node
+    return leaf in node
 
 
 # Each timing key's other shape: polling_interval_seconds and polling_interval
@@ -83,10 +83,10 @@ def _set_values(
     """
     for key, (value, source) in values.items():
         node, leaf = _parent_of(tree, key, create=True)
-        node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
+        node[leaf] = value
         sources[key] = source
         if (other := _OTHER_SHAPE.get(key)) and other in sources and other not in values:
-            node.pop(other.rsplit(".", 1)[1])  # type: ignore[union-attr]  # its block, as above
+            node.pop(other.rsplit(".", 1)[1])  # the same block
             del sources[other]
 
 
@@ -257,9 +257,9 @@ PATH_KEYS = (
 def resolve_file_paths(tree: JsonObject, config_dir: Path) -> None:
     for key in PATH_KEYS:
         node, leaf = _parent_of(tree, key)
-        value = node.get(leaf) if node is not None else None
+        value = node.get(leaf)
         if isinstance(value, str) and value.strip() and not Path(value).expanduser().is_absolute():
-            node[leaf] = str(config_dir / value)  # type: ignore[index]  # the value was found in it
+            node[leaf] = str(config_dir / value)
 
 
 def absolute_path_overrides(settings: Settings) -> dict[str, str]:
