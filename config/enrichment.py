@@ -142,7 +142,7 @@ class CrtdlPreprocessingSettings(ConfigModel):
                 "enrichments and enrichments_path are both set; keep either the inline rules "
                 "(enrichments) or the external file (enrichments_path)"
             )
-        if (path := self.enrichments_path) is not None:
+        if path := self.enrichments_path:
             # written relative in the configuration file, it is absolute against its folder now
             try:
                 # the rules for every MII profile fit in a few KB

@@ -94,7 +94,7 @@ def list_from_text(value: object) -> object:
     text = value.strip()
     if text.startswith("["):
         try:  # in the configuration file's bounds: the text may come from a deployment's form
-            if (found := yaml_shape_problem(text)) is not None:
+            if found := yaml_shape_problem(text):
                 raise ValueError(found[0])
             return yaml.safe_load(text)
         except yaml.YAMLError:
@@ -112,7 +112,7 @@ def refuse_control_characters(path: str | None) -> str | None:
 
     Why: it would fail only the step that opens it.
     """
-    if (code := _control_code(path or "")) is not None:
+    if code := _control_code(path or ""):
         raise ValueError(
             f"contains the control character U+{code}, which no path should have; remove it from "
             "the path"
@@ -143,7 +143,7 @@ def refuse_invisible_url_characters(url: str | None) -> str | None:
 
     Note: named by its code, never showing the URL (it may hold a token).
     """
-    if (found := invisible_character(url or "")) is None:
+    if not (found := invisible_character(url or "")):
         return url
     kind, code = found
     hint = (
@@ -209,7 +209,7 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
         raise ValueError(
             "is longer than 64 KB, more than any password, key or token; check what sets it",
         )
-    if (code := _control_code(text)) is not None:
+    if code := _control_code(text):
         raise ValueError(
             f"contains the control character U+{code} (a pasted line break?), which no HTTP "
             "header may carry; remove it where the value is set"

@@ -148,7 +148,7 @@ def load_settings(
         raise ConfigError(problems)
     warnings += register_secrets(settings)
     sources = _final_sources(raw_sources)
-    if (enrichments_path := settings.services.crtdl_preprocessing.enrichments_path) is not None:
+    if enrichments_path := settings.services.crtdl_preprocessing.enrichments_path:
         sources[ENRICHMENTS_KEY] = f"enrichment file {enrichments_path}"
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
@@ -334,6 +334,6 @@ def register_secrets(settings: Settings) -> list[str]:
         settings.services.send.auth,
     ):
         # the password is registered above; an echoed header shows the pair's token
-        if (basic := auth.basic_header_token) is not None:
+        if basic := auth.basic_header_token:
             register_secret(basic)
     return warnings

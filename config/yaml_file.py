@@ -99,7 +99,7 @@ def parse_yaml_file(config_path: Path) -> Any:
     """
     text = _read_text(config_path)
     try:
-        if (found := yaml_shape_problem(text)) is not None:  # before anything is built
+        if found := yaml_shape_problem(text):  # before anything is built
             raise _file_problem(config_path, *found)
         # a safe loader that also refuses duplicate keys
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506

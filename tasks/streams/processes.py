@@ -176,7 +176,7 @@ def start_workers(*modules: str) -> None:
 
     Why: work is on its way, and they take half a second.
     """
-    if (pool := _current.get()) is not None and pool.executor is None:
+    if (pool := _current.get()) and pool.executor is None:
         with suppress(RuntimeError):  # closed: nothing to start
             pool.submit(_import_modules, modules)
 

@@ -90,7 +90,7 @@ def track(
 ) -> Iterator[Tracker]:
     """Track work on ``files`` of the step's files (a batch) against ``total``."""
     with _display_tracker(label, total, unit) as shown:
-        if (aggregate := _step_progress.get()) is None:
+        if not (aggregate := _step_progress.get()):
             yield shown
             return
         with aggregate.file_work(FileWork(shown, aggregate, unit, total, files)) as work:
@@ -103,7 +103,7 @@ def expect_files(count: int, noun: str = "files") -> None:
     Note: for when its input does not say (downloads) or is cut; its artifact then shows those done
     of expected.
     """
-    if (aggregate := _step_progress.get()) is not None:
+    if aggregate := _step_progress.get():
         with aggregate.lock:
             aggregate.files_expected, aggregate.noun = count, noun
 
