@@ -104,7 +104,7 @@ def same_server(api_url: str) -> Callable[[], bool]:
     unchanged settings. An answer telling nothing is taken for the job's.
     """
     home = prefect_home()
-    if (record := read_record(home)) is not None and record.url == api_url:
+    if (record := read_record(home)) and record.url == api_url:
         return lambda: (
             (answer := shown_settings(api_url)) is None
             or settings_of_home(answer, read_record(home) or record, home)

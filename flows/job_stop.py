@@ -109,7 +109,7 @@ def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) 
                 # nor (not yet stored) the replay, so the run's state is read once
                 await stop_if_cancelling(client, flow_run_id, stop, told=False)
                 while not stop.done.is_set() and stop.reason is None:
-                    if (suspended := suspension_from_the_ui(request)) is not None:
+                    if suspended := suspension_from_the_ui(request):
                         stop.stop("suspended on the Prefect server", suspended)
                     await asyncio.sleep(SUSPEND_CHECK_SECONDS)
 

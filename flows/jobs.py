@@ -208,7 +208,7 @@ def refuse_invisible_url_characters(url: str | None, door: str) -> None:
     Why: such a character (Unicode Cc, Cf, Zl, Zp) would show another address or forge a line; it is
     named by its code, never shown.
     """
-    if url is not None and (found := invisible_character(url)) is not None:
+    if url is not None and (found := invisible_character(url)):
         kind, code = found
         raise JobError(
             f"{door} contains the {kind} {code}, which no URL may have: it would not show as what "

@@ -98,7 +98,7 @@ def pipeline(
     """
     checked_attach(attach)  # before anything is made or written
     job = job_of_the_run(job_id, config_path, job_input, overrides)
-    if (elsewhere := handed_over(job, note)) is not None:
+    if elsewhere := handed_over(job, note):
         return elsewhere
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     if problem := ensure_crash_detection():
@@ -112,7 +112,7 @@ def pipeline(
             return run_job_steps(job, card, note)
         except BaseException as exc:
             # a Cancel, a Suspend, an interrupt: no failure
-            if (stopped := stop.ended(exc)) is not None:
+            if stopped := stop.ended(exc):
                 return ended_by_a_stop(job, card, stopped)
             # suspended for inspection: the card shows it already
             if isinstance(exc, PrefectSignal):

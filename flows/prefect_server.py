@@ -89,7 +89,7 @@ def use_server() -> None:
     Note: ``PREFECT_API_URL`` must answer.
     Note: the local server's runner (``ensure_runner``) is started too where it does not run.
     """
-    if (api_url := prefect_api_url()) is not None:
+    if api_url := prefect_api_url():
         require_answer(api_url)
     else:
         os.environ["PREFECT_API_URL"] = api_url = ensure_server()
@@ -180,7 +180,7 @@ def stop_server(home: Path | None = None) -> bool:
     """Stop the server recorded in PREFECT_HOME and its runner; whether it ran."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
-        if (runner := runner_of(home)) is not None:
+        if runner := runner_of(home):
             terminate(runner)
         record = read_record(home)
         if running := record is not None and runs_recorded_server(record):

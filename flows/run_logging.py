@@ -50,7 +50,7 @@ def one_trace_per_failure(record: logging.LogRecord) -> bool:
     Note: a task stopped by the job's stop keeps none; ``keep_one_trace_per_failure`` starts over
     for a new flow run.
     """
-    if record.exc_info and (failure := record.exc_info[1]) is not None:
+    if record.exc_info and (failure := record.exc_info[1]):
         identity = (type(failure).__qualname__, str(failure))
         if identity in _traced or isinstance(failure, Cancelled):
             record.exc_info, record.exc_text = None, None

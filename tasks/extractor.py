@@ -106,7 +106,7 @@ def download_client(step: StepInput) -> Iterator[ExtractionServerClient]:
     process share its client (their threads copy its context), one run elsewhere (a Dask worker)
     builds and closes its own.
     """
-    if (held := _held_client.get()) is not None:
+    if held := _held_client.get():
         yield held
         return
     settings = settings_of(step)

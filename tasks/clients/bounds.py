@@ -53,7 +53,7 @@ class Deadline:
     def shut_down(self) -> None:
         """End the call at once (a cancel): a blocked read fails, the next one times out."""
         self._end = 0.0
-        if (sock := self._socket) is not None:
+        if sock := self._socket:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 

@@ -79,10 +79,7 @@ class S3Uploader:
                 self._bucket,
             )
             return recorded
-        if (
-            self._manifest.attempted(key)
-            and (stored := self._stored_copy(path, key, found)) is not None
-        ):
+        if self._manifest.attempted(key) and (stored := self._stored_copy(path, key, found)):
             log.info(
                 "S3 object %s is already in bucket %s with this content (an earlier run's upload)",
                 key,

@@ -82,7 +82,7 @@ def make_s3_client(
                 **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
-    if (credentials := send.auth.basic_header_token) is not None:
+    if credentials := send.auth.basic_header_token:
         refuse_proxy_auth_beyond_the_proxy(send)
         client.meta.events.register("before-send.s3", ProxyAuthorization(credentials))
     log.info(

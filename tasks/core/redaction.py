@@ -149,7 +149,7 @@ def redact(text: str) -> str:
     """
     if not text:
         return text
-    if (pattern := _secrets_pattern) is not None:
+    if pattern := _secrets_pattern:
         text = pattern.sub(REDACTED, text)
     text = _AUTHORIZATION_VALUE.sub(rf"\g<1>{REDACTED}", text)
     text = _SCHEME_TOKEN.sub(

@@ -55,7 +55,7 @@ def _without_user_info(text: str) -> str:
       so a later ``@`` counts too when ``?`` or ``#`` follows the location or its port is no
       number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not.
     """
-    if (typed := _SCHEME.match(text)) is not None:
+    if typed := _SCHEME.match(text):
         scheme, separator, rest = typed[1], typed[2], text[typed.end() :]
     else:
         scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)

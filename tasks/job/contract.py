@@ -202,7 +202,7 @@ def settings_of(step: StepInput) -> Settings:
     Why: cached per secret-free identity, so secrets never travel as task parameters.
     Note: within a batch of files, the batch's settings (loaded once).
     """
-    if (held := _batch_settings.get()) is not None and held[0] is step:
+    if (held := _batch_settings.get()) and held[0] is step:
         return held[1]
     return cached_settings(step.config_path, step.overrides)
 
@@ -373,7 +373,7 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
     committed.children.clear()  # a committed transaction never reads them again
     # The flow run's link from each item of a list result to its task (about 0.2 KB each, kept
     # for the whole run to find the upstream task of a value passed on): a step's files never are.
-    if isinstance(result, list) and (flow_run := FlowRunContext.get()) is not None:
+    if isinstance(result, list) and (flow_run := FlowRunContext.get()):
         for item in result:
             flow_run.run_results.pop(id(item), None)
     return result

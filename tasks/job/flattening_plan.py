@@ -116,7 +116,7 @@ def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
 
     Note: a CRTDL or lookup file changed since is refused (the CSVs would mix two plans).
     """
-    if (plan := _plans.get(plan_digest)) is not None:
+    if plan := _plans.get(plan_digest):
         return plan
     lookup = settings_of(step).services.flattening.lookup_path
     assert step.crtdl_path is not None

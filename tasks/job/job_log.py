@@ -88,7 +88,7 @@ def run_label(record: logging.LogRecord) -> str:
         return f"Task run {task_run!r} - "
     if flow_run := getattr(record, "flow_run_name", None):
         return f"Flow run {flow_run!r} - "
-    if (task_context := TaskRunContext.get()) is not None:
+    if task_context := TaskRunContext.get():
         return f"Task run {task_context.task_run.name!r} - "
     if (flow_context := FlowRunContext.get()) is not None and flow_context.flow_run is not None:
         return f"Flow run {flow_context.flow_run.name!r} - "
