@@ -5,8 +5,8 @@ Note: no Prefect. See docs/development.md#service-clients.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -14,15 +14,11 @@ import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array, as_object, JsonObject
-from tasks.clients.bounds import MB, Body, Deadline, answer_within, read_answer
+from tasks.clients.bounds import MB, Body, Deadline
 from tasks.clients.errors import (
     BODY_LIMIT,
     MAX_MESSAGE_CHARS,
-    Call,
     ServiceError,
-    answered,
-    error_from_response,
-    first_bytes,
     json_or_none,
     operation_outcome_texts,
 )
@@ -32,7 +28,6 @@ from tasks.clients.http import (
     ServiceClient,
     ServiceEndpoint,
 )
-from tasks.clients.retry import call_with_retry
 from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
 
@@ -159,7 +154,13 @@ class FhirServer(Closing):
         """
         name = f"{resource_type}/{resource_id}"
         self._call(
-            "PUT", f"/fhir/{name}", f"PUT {name}", body, length, read_body=False, hints=PUT_HINTS
+            "PUT",
+            f"/fhir/{name}",
+            f"PUT {name}",
+            body,
+            length,
+            read_body=False,
+            status_hints=PUT_HINTS,
         )
 
     def _call(
@@ -170,43 +171,30 @@ class FhirServer(Closing):
         body: Body,
         length: int | None = None,
         *,
-        read_body: bool = True,
-        hints: dict[int, str] | None = None,
-        rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
         headers: dict[str, str] = FHIR_JSON_HEADERS,
+        **options: Any,
     ) -> httpx.Response:
-        """Make one call with retry, each attempt in its deadline, the answer read bounded.
+        """Make one call through the client, each attempt in its deadline, the answer read bounded.
 
-        Note: not read at all without ``read_body``. A 4xx/5xx answer raises its ``ServiceError``,
-        or what ``rejection`` makes of it. ``length``: a streamed ``body``'s size.
+        Note: ``options`` go to ``ServiceClient.request`` (``read_body``, ``status_hints``,
+        ``rejection``). ``length``: a streamed ``body``'s size.
         """
         size = len(body) if isinstance(body, bytes) else length
         headers = headers | ({"Content-Length": str(size)} if size is not None else {})
-        where: Call = {"operation": operation, "service": SERVICE_NAME}
         # each attempt's deadline: the request's plus the upload of the body
         duration = self._deadline + timedelta(seconds=(size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND)
-
-        def attempt() -> httpx.Response:
-            deadline = Deadline(duration, DEADLINE_SETTING)
-            with answer_within(
-                self.http,
-                deadline,
-                method,
-                path,
-                body=body,
-                headers=headers,
-                **where,
-            ) as response:
-                if response.is_error:
-                    answer = answered(response, first_bytes(response))
-                    error = error_from_response(answer, **where, hints=hints)
-                    raise error if rejection is None else rejection(answer, error)
-                if not read_body:
-                    return answered(response, b"")
-                limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return answered(response, read_answer(response, limit, **where, hint=hint))
-
-        return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
+        return self._client.request(
+            method,
+            path,
+            operation=operation,
+            deadline=functools.partial(Deadline, duration, DEADLINE_SETTING),
+            max_answer_bytes=self._max_answer_bytes,
+            too_large_hint=TOO_LARGE_ANSWER_HINT,
+            name_source=False,
+            body=body,
+            headers=headers,
+            **options,
+        )
 
 
 def rejected_by_status(answer: httpx.Response, error: ServiceError) -> TransactionRejected:

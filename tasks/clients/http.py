@@ -25,7 +25,7 @@ from tasks.clients.bounds import (
     read_answer,
     within_deadlines,
 )
-from tasks.clients.errors import Call, answered, raise_for_service_status
+from tasks.clients.errors import Call, ServiceError, answered, error_from_response, first_bytes
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.streams.fanout import Sleep, pause, stopping
 
@@ -181,6 +181,9 @@ class ServiceClient(Closing):
         status_hints: Mapping[int, str] | None = None,
         deadline: Callable[[], Deadline],
         answers: Container[int] = (),
+        rejection: Callable[[httpx.Response, ServiceError], ServiceError] | None = None,
+        read_body: bool = True,
+        name_source: bool = True,
         **request_kwargs: Any,
     ) -> httpx.Response:
         """``http.request`` under the retry policy, reading at most ``max_answer_bytes``.
@@ -189,7 +192,9 @@ class ServiceClient(Closing):
         - ``once``: for a call that could create or destroy something twice (no retry).
         - ``deadline`` makes each attempt's whole-request deadline (``answer_within``); a cancel of
           the fan-out ends the attempt at once.
-        - A 4xx/5xx not in ``answers`` is a ``ServiceError`` with the fix ``status_hints`` knows.
+        - A 4xx/5xx not in ``answers`` is a ``ServiceError`` with the fix ``status_hints`` knows,
+          or what ``rejection`` makes of it and the answer.
+        - ``read_body``, ``name_source``: whether the body is read, its URL named if too large.
         """
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
@@ -199,14 +204,15 @@ class ServiceClient(Closing):
                 stopping(bound.shut_down),
                 answer_within(self.http, bound, method, url, **where, **request_kwargs) as response,
             ):
-                if response.status_code not in answers:
-                    raise_for_service_status(response, **where, hints=status_hints)
+                if response.is_error and response.status_code not in answers:
+                    answer = answered(response, first_bytes(response))
+                    error = error_from_response(answer, **where, hints=status_hints)
+                    raise error if rejection is None else rejection(answer, error)
+                if not read_body:
+                    return answered(response, b"")
+                source = response.url if name_source else None
                 body = read_answer(
-                    response,
-                    max_answer_bytes,
-                    **where,
-                    hint=too_large_hint,
-                    source=response.url,
+                    response, max_answer_bytes, **where, hint=too_large_hint, source=source
                 )
                 return answered(response, body)
 
