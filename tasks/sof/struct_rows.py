@@ -180,7 +180,8 @@ def _struct(
         if child is None:
             fields.append((names[key], CELL_VALUE, ""))
         else:
-            planned = (None if child.at is None else Literal[child.at]) | msgspec.UnsetType
+            # Literal[None] is None to msgspec: no resourceType, or null
+            planned: Any = Literal[child.at] | msgspec.UnsetType
             struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET))
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
