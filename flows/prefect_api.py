@@ -14,7 +14,7 @@ import httpx
 
 from config.runtime import CLI, prefect_api_headers, prefect_api_url
 from config.settings import RetrySettings
-from tasks.clients.bounds import answer_too_large
+from tasks.clients.bounds import answer_too_large, MB
 from tasks.clients.errors import Call, ServiceError, is_transient_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import DupflowError
@@ -25,8 +25,8 @@ from tasks.core.url_credentials import shown_url
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 TIMEOUT = 20.0  # a busy server elsewhere (2 cores under load) was seen to take over 5 s
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
-MAX_PROBE_ANSWER_BYTES = 1024 * 1024
-MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE rows is far less
+MAX_PROBE_ANSWER_BYTES = MB
+MAX_PAGE_BYTES = 64 * MB  # a page of PAGE rows is far less
 REFUSED = (401, 403)
 Answer = tuple[int, bytes]
 OK = (200, b"true")  # what /health of a Prefect API answers

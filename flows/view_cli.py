@@ -17,7 +17,7 @@ from config.runtime import CLI
 from flows.terminal import Commands, command_group, print_stderr
 from tasks.core.errors import DupflowError
 from tasks.core.json_shapes import as_object, JsonObject
-from tasks.core.jsonfile import JsonFileError, read_json_file
+from tasks.core.jsonfile import JsonFileError, MB, read_json_file
 from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ResourceLineError, ViewDefinitionError, ViewError
@@ -26,9 +26,9 @@ from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import csv_parts, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-MAX_LINE_BYTES = 1024 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * MB
 # a ViewDefinition is a few KB; more is the wrong file (or /dev/zero)
-MAX_VIEW_BYTES = 16 * 1024 * 1024
+MAX_VIEW_BYTES = 16 * MB
 
 
 def main(argv: Sequence[str]) -> int:
