@@ -363,11 +363,16 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         _compile_column(column, place, variables)
         for place, column in _listed(spec, "column", f"{where}.")
     ]
-    selects = [
-        _compile_select(s, place, variables, depth + 1)
-        for place, s in _listed(spec, "select", f"{where}.")
-    ]
-    union = _compile_union(spec, where, variables, depth) if "unionAll" in spec else []
+    # the nested selects, then unionAll's branches, each one level deeper
+    selects, union = (
+        [
+            _compile_select(s, place, variables, depth + 1)
+            for place, s in _listed(spec, key, f"{where}.")
+        ]
+        for key in ("select", "unionAll")
+    )
+    if "unionAll" in spec:
+        _refuse_unlike_branches(union, where)
     # a unionAll's branches have the same names
     names = [c.name for c in columns] + [
         name for nested in selects + union[:1] for name in nested.names
@@ -399,11 +404,8 @@ def _iteration(spec: JsonObject, where: str) -> tuple[str | None, list[Any]]:
     return iteration, expressions
 
 
-def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
-    union = [
-        _compile_select(s, place, variables, depth + 1)
-        for place, s in _listed(spec, "unionAll", f"{where}.")
-    ]
+def _refuse_unlike_branches(union: list[Select], where: str) -> None:
+    """Refuse a unionAll without branches, or of branches whose columns differ."""
     if not union:
         raise ViewDefinitionError(f"{where}.unionAll is empty")
     for index, branch in enumerate(union[1:], start=1):
@@ -412,7 +414,6 @@ def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> li
                 f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has "
                 f"{union[0].names}: every branch must have the same columns in the same order"
             )
-    return union
 
 
 def all_selects(root: Select) -> Iterator[Select]:
