@@ -40,7 +40,7 @@ class ApiUnreachableError(DupflowError):
 def api_answer(
     url: str,
     path: str,
-    timeout: float,
+    timeout: float = TIMEOUT,
     *,
     method: str = "GET",
     body: JSON = None,
@@ -74,7 +74,7 @@ def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE
     where = Call(operation=f"{method} {path}", service="the Prefect API")
 
     def attempt() -> JSON:
-        status, content = api_answer(url, path, TIMEOUT, method=method, body=body, limit=limit + 1)
+        status, content = api_answer(url, path, method=method, body=body, limit=limit + 1)
         if status in REFUSED:
             raise refused_login(url, status)
         if not status or status >= 400 and status != 404:
@@ -121,11 +121,11 @@ def require_answer(api_url: str) -> None:
 
     Note: one that asks for credentials counts as usable.
     """
-    answer = api_answer(api_url, "/health", TIMEOUT)
+    answer = api_answer(api_url, "/health")
     if answer[0] in REFUSED:
         return
     if answer == OK:
-        if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
+        if problem := version_problem(api_answer(api_url, "/admin/version")):
             raise ApiUnreachableError(
                 f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set "
                 "PREFECT_API_URL to a Prefect server's API, or unset it to use the local server "
@@ -135,7 +135,7 @@ def require_answer(api_url: str) -> None:
     parts = urlsplit(api_url)
     path = parts.path.rstrip("/")
     api = None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
-    if answer[0] and api and api_answer(api, "/health", TIMEOUT) == OK:
+    if answer[0] and api and api_answer(api, "/health") == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not "
             f"its API: set PREFECT_API_URL={shown_url(api)}"
