@@ -74,9 +74,9 @@ def _checked(path: Path) -> tuple[dict[str, LookupTable], list[str]]:
         document: Any = read_json_file(path, MAX_LOOKUP_BYTES, f"the lookup file {path}")
     except JsonFileError as exc:
         return {}, [str(exc)]
-    validator = Draft202012Validator(LOOKUP_SCHEMA)
     errors = sorted(
-        validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]
+        Draft202012Validator(LOOKUP_SCHEMA).iter_errors(document),
+        key=lambda e: [str(p) for p in e.absolute_path],
     )
     if problems := [_schema_problem(document, error) for error in errors]:
         return {}, problems
