@@ -20,7 +20,7 @@ from tasks.sof.output import CsvWriter, array_lines
 from tasks.streams.ndjson import line_feeds
 
 CELL_VALUE = str | bool | int | None
-BlockCsv = Callable[[bytes], list[bytes] | None]
+BlockCsv = Callable[[bytes], tuple[bytes, int] | None]
 PIECE_BYTES = 1 << 16
 """Lines decoded and written as CSV at once: their data is still in the CPU's caches (rows of a
 whole 1 MB block written after took the Condition view 1.2x the time); pieces of 16 KB cost 1.1x
@@ -42,9 +42,9 @@ class _Element(NamedTuple):
 def block_csv(view: Any, limit: int) -> BlockCsv | None:
     """``csv(block)`` for a view taken (docs/development.md), else None.
 
-    Note: ``csv`` gives the block's CSV lines, then an empty text for each further line (one
-    item a line, for ``LineSplitter.take_block``), or None where the block must be read line
-    by line. ``limit``: a line's rows at most."""
+    Note: ``csv`` gives the block's CSV lines and its count of lines (for
+    ``LineSplitter.take_block``), or None where the block must be read line by line. ``limit``:
+    a line's rows at most."""
     root, names = _Element(view.resource, {}), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
@@ -60,7 +60,7 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
     width = len(keys) if keys and list(root.keys) == keys else 0
     astuple, encode = msgspec.structs.astuple, msgspec.json.Encoder().encode_lines
 
-    def csv(block: bytes) -> list[bytes] | None:
+    def csv(block: bytes) -> tuple[bytes, int] | None:
         buffer, lines = BytesIO(), 0
         writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
         try:  # the decoding first: in a file of several types it stops at another type's first line
@@ -84,7 +84,7 @@ def block_csv(view: Any, limit: int) -> BlockCsv | None:
         except (ValueError, RecursionError):  # msgspec's and UnicodeDecodeError are ValueErrors
             return None
         text.flush()
-        return [buffer.getvalue()] + [b""] * (lines - 1)
+        return buffer.getvalue(), lines
 
     return csv
 

@@ -333,13 +333,15 @@ class LineSplitter:
         self._pending, self._blank_run_bytes = bytearray(tail), 0
         return zip(range(first, self.number + 1), lines, strict=True)
 
-    def take_block(self, chunk: bytes, take: Callable[[bytes], list[T] | None]) -> list[T] | None:
+    def take_block(
+        self, chunk: bytes, take: Callable[[bytes], tuple[T, int] | None]
+    ) -> tuple[T, int] | None:
         """Apply ``take`` to the lines ending in ``chunk`` as one block.
 
-        Note: the block includes the line begun before ``chunk``. Where ``take`` gives one item per
-        line, those lines are read. None, and nothing read, where ``take`` gives None (it must where
-        a line is blank), no line ends in the chunk, or the block or the rest could hold a line over
-        the limit.
+        Note: the block includes the line begun before ``chunk``. Where ``take`` gives what it made
+        and the count of the block's lines, those lines are read. None, and nothing read, where
+        ``take`` gives None (it must where a line is blank), no line ends in the chunk, or the block
+        or the rest could hold a line over the limit.
         """
         end = chunk.rfind(b"\n") + 1
         if not end or len(self._pending) + end > self._max or len(chunk) - end > self._max:
@@ -347,7 +349,7 @@ class LineSplitter:
         # one copy
         if (taken := take(b"".join((self._pending, memoryview(chunk)[:end])))) is not None:
             self.number, self._pending, self._blank_run_bytes = (
-                self.number + len(taken),
+                self.number + taken[1],
                 bytearray(chunk[end:]),
                 0,
             )
