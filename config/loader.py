@@ -50,7 +50,7 @@ class LoadedConfig(NamedTuple):
 
 
 def _parent_of(tree: JsonObject, path: str, create: bool = False) -> tuple[JsonObject, str]:
-    """The mapping that holds the last key of ``path`` (else an empty one); and that key.
+    """The mapping holding the last key of ``path`` (else an empty one), and that key.
 
     Note: with ``create``, the mappings on the way are made.
     """

@@ -92,7 +92,7 @@ def job_lock(paths: JobPaths) -> Iterator[None]:
 
 
 def took_lock(fd: int, directory: Path) -> bool:
-    """Lock the open lock file ``fd``; False (``fd`` closed) when this process holds it already.
+    """Lock the open lock file ``fd``; False (``fd`` closed) if this process holds it.
 
     Note: another holder's lock is a ``JobLockedError``.
     """

@@ -210,7 +210,7 @@ def prefect_home(home: Path | None = None) -> Path:
 
 
 def has_database(home: Path) -> bool:
-    """Whether ``home``'s server has a database: ``DATABASE_FILE`` in it, or one configured.
+    """Whether ``home``'s server has a database: ``DATABASE_FILE``, or one configured.
 
     Note: configured in the environment or profiles.toml.
     """

@@ -45,7 +45,7 @@ _traced: deque[tuple[str, str]] = deque(maxlen=64)  # the last failures' type an
 
 
 def one_trace_per_failure(record: logging.LogRecord) -> bool:
-    """Keep a trace on a failure's first record only (same type and text): a logging filter.
+    """A logging filter: a trace on a failure's first record only (same type and text).
 
     Note: a task stopped by the job's stop keeps none; ``keep_one_trace_per_failure`` starts over
     for a new flow run.

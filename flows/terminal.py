@@ -1,4 +1,4 @@
-"""The command line's pieces every command shares: its command groups, its lines for the person.
+"""What every command shares: its command groups, its lines for the person.
 
 Note: the person's lines are apart from the command's output.
 """
@@ -12,7 +12,7 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def command_group(commands: Commands, name: str, text: str) -> Commands:
-    """Add the command ``name`` (its help ``text``) whose subcommands are added to the result."""
+    """Add the command ``name`` (help ``text``); give where its subcommands go."""
     return commands.add_parser(name, help=text).add_subparsers(required=True, metavar="SUBCOMMAND")
 
 

@@ -127,7 +127,7 @@ class BoundedBackend(httpcore.SyncBackend):
     def connect_tcp(
         self, host: str, port: int, timeout: float | None = None, *args: Any, **kwargs: Any
     ) -> httpcore.NetworkStream:
-        """Connect as httpcore does, within the call's deadline; the other arguments as given."""
+        """Connect as httpcore does, within the call's deadline; other arguments as given."""
         timeout = _capped(timeout, httpcore.ConnectTimeout, None)
         return _BoundedStream(super().connect_tcp(host, port, timeout, *args, **kwargs))
 

@@ -174,7 +174,7 @@ class FhirServer(Closing):
         headers: dict[str, str] = FHIR_JSON_HEADERS,
         **options: Any,
     ) -> httpx.Response:
-        """Make one call through the client, each attempt in its deadline, the answer read bounded.
+        """Make one call through the client: each attempt in its deadline, answers bounded.
 
         Note: ``options`` go to ``ServiceClient.request`` (``read_body``, ``status_hints``,
         ``rejection``). ``length``: a streamed ``body``'s size.

@@ -110,7 +110,7 @@ def json_lines(rows: list[Any], width: int) -> bytes | None:
 
 
 def array_lines(text: bytes, rows: int, width: int) -> bytes | None:
-    """Return the CSV lines of ``text``: ``rows`` JSON arrays of ``width`` scalars, one a line.
+    """The CSV lines of ``text``: ``rows`` arrays of ``width`` scalars, one a line.
 
     Note: None where a cell needs quoting or is no scalar: a JSON escape (a quote, backslash,
     CR, LF or control character in a string), a comma or bracket but the arrays' own (one pass

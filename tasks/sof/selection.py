@@ -33,7 +33,7 @@ TAKEN, OTHER_PROFILE, FILTERED_OUT = 0, 1, 2
 
 @dataclass(frozen=True)
 class DateBounds:
-    """A date filter's elements and bounds: a start or an end, or both (else none is made)."""
+    """A date filter's elements and bounds: a start, an end or both (else none)."""
 
     paths: Paths
     start: str | None

@@ -169,7 +169,7 @@ def _root(element: _Element, names: dict[str, str]) -> Any:
 def _struct(
     element: _Element, names: dict[str, str], kind: tuple[Any, ...] | None, **tagged: Any
 ) -> type:
-    """The msgspec struct of ``element``: ``kind`` (``resourceType``) if given, then its keys.
+    """The msgspec struct of ``element``: ``kind`` (``resourceType``) if given, keys.
 
     Note: values default to ``''``; no ``resourceType`` and one of the planned type pass, as
     in ``compiled_code``."""

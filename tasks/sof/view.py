@@ -475,7 +475,7 @@ def _constants(view: JsonObject) -> JsonObject:
 
 
 def _listed(spec: JsonObject, key: str, where: str = "") -> list[tuple[str, Any]]:
-    """The items of the list at ``key`` (none where it is missing), each after its place.
+    """The items of the list at ``key`` (none if missing), each after its place.
 
     Note: the place names the item in errors (``where`` its parent's, then a dot)."""
     if not isinstance(items := spec.get(key, []), list):
