@@ -81,7 +81,7 @@ class AuthSettings(ConfigModel):
 
     @property
     def basic_header_token(self) -> str | None:
-        """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth; None without.
+        """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth; else None.
 
         Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
         quoting a character of it.

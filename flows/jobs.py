@@ -165,7 +165,7 @@ def same_input(given: str, recorded: str | None, path: bool) -> bool:
 
 
 def frozen_input(job_input: str) -> str:
-    """A job input as a job records it: a URL as given, a path absolute with ``~`` expanded."""
+    """A job input as recorded: a URL as given, a path absolute with ``~`` expanded."""
     return job_input if "://" in job_input else str(Path(job_input).expanduser().resolve())
 
 
@@ -263,7 +263,7 @@ def refuse_extraction_flags_of_a_followed_url(
 def check_new_job(
     config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
 ) -> tuple[Job, EffectiveCrtdl | None]:
-    """Plan a new job, every check made, writing nothing (``create_job_files`` writes it).
+    """Plan a new job, every check made, writing nothing (``create_job_files`` does).
 
     Why: ``start`` refuses a bad input before it starts a Prefect server.
     """

@@ -181,7 +181,7 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
 
 
 def newest_job_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
-    """The newest flow run of the job's directory (tags ``job-<id>``, ``dir-<digest>``).
+    """The newest flow run of the job's directory (tags ``job-<id>``, ``dir-<digest>``)
 
     Note: a copy of the job has its own.
     """

@@ -1,4 +1,4 @@
-"""Prefect's REST API for what must not import Prefect (status, list, prune), and its check.
+"""Prefect's REST API for commands that must not import Prefect, and its check.
 
 Note:
 - Code that imports Prefect uses Prefect's client instead (docs/development.md, "Layers").

@@ -152,7 +152,7 @@ def ensure_runner(api_url: str) -> None:
 
 
 def start_detached(module: tuple[str, ...], log: Path, env: dict[str, str]) -> int:
-    """Start ``python -m`` ``module`` in ``log``'s folder, its output appended to ``log``; its pid.
+    """Start ``python -m`` ``module`` in ``log``'s folder, output appended; its pid.
 
     Note: in a session of its own: the command's Ctrl-C and hang-up do not reach it.
     """
@@ -169,7 +169,7 @@ def start_detached(module: tuple[str, ...], log: Path, env: dict[str, str]) -> i
 
 
 def runner_of(home: Path) -> int | None:
-    """The process id of ``home``'s runner where it runs (``ensure_runner``), else None."""
+    """The process id of ``home``'s runner if it runs (``ensure_runner``), else None."""
     with suppress(OSError, ValueError):
         if process_runs(pid := int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
             return pid

@@ -1,4 +1,4 @@
-"""One module per pipeline step, named as the step; the layers below them in folders.
+"""One module per pipeline step, named as the step; the layers below in folders.
 
 The steps' part of the exception tree (the root's: ``tasks.core.errors``)::
 

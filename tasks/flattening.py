@@ -244,7 +244,7 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[FileToDo]:
-    """Return each input file whole, or cut into spans with several ``processes``, to do.
+    """Each input file to do: whole, or cut into spans with several ``processes``.
 
     Note: a file's content is counted only then; a cut file's bare Provenance routes are saved
     once for its spans. A piece's arguments: itself and its file's lines.

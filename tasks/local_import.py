@@ -165,7 +165,7 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
 
 
 def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path) -> list[str]:
-    """The paths of ``scan`` in the order of their parts (the separator sorts first), as text.
+    """``scan``'s paths as text, in the order of their parts (the separator first).
 
     Why: a ``Path`` each (its parts, its text) was 0.4 KB a file of the flow's memory.
     """

@@ -77,7 +77,7 @@ can count it."""
 
 
 def refuse_compressed(service: str, fix: str, response: httpx.Response) -> None:
-    """Response event hook: an answer that came compressed despite ``AS_SENT`` is terminal.
+    """Response event hook: an answer compressed despite ``AS_SENT`` is terminal.
 
     Why: a 16 KB zstd answer can unfold to gigabytes in one piece.
     """
@@ -439,7 +439,7 @@ class ServiceAuth(httpx.Auth):
             request.extensions.pop(SERVICE_SETTING, None)
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None) -> str | None:
-        """Attach credentials for the service's origin (``check_request`` strips any for another).
+        """Attach credentials for the service's origin (``check_request`` strips others).
 
         Note: returns the bearer token used.
         """

@@ -92,7 +92,7 @@ def _capped(
 
 
 class _BoundedStream(httpcore.NetworkStream):
-    """A connection whose each read and write ends by the deadline of the call using it."""
+    """A connection whose reads and writes end by the deadline of the call using it."""
 
     def __init__(self, stream: httpcore.NetworkStream):
         self._stream, self._socket = stream, stream.get_extra_info("socket")
@@ -219,7 +219,7 @@ def answer_within(
     body: Body | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
-    """Stream the answer to a sync request, each socket operation bounded by ``deadline``.
+    """Stream a sync request's answer, each socket operation bounded by ``deadline``.
 
     Note: a network error then is the deadline's error.
     """

@@ -94,7 +94,7 @@ class Pseudonymized:
 
 
 def request_body(config: AnonymizationConfig | None) -> Callable[[bytes], bytes]:
-    """Return what makes ``$de-identify`` bodies of a resource's JSON bytes, never re-serialised."""
+    """What makes ``$de-identify`` bodies of a resource's JSON bytes, as they are."""
     if config is None:
         return lambda resource_json: resource_json
     attachment = {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()}

@@ -1,4 +1,4 @@
-"""The job: its record and folders, the step contract, per-file work, CRTDL enrichment.
+"""The job: record and folders, the step contract, per-file work, CRTDL enrichment.
 
 Its part of the exception tree (the root's: ``tasks.core.errors``)::
 

@@ -70,7 +70,7 @@ class DataFiles(FileColumns):
 
 
 def core_first(file: DataFile) -> tuple[bool, str]:
-    """The order of a step's files: ``core`` first (referential integrity), then by name."""
+    """A step's files' order: ``core`` first (referential integrity), then by name."""
     return not file.name.startswith("core."), file.name
 
 

@@ -80,7 +80,7 @@ def watching(flow_run_id: UUID) -> Iterator[None]:
 def watch(
     flow_run_id: UUID, cancel: Callable[[], None], finish: threading.Event, ended: list[str]
 ) -> None:
-    """Ask for the run's state until ``finish``; once over, say how in ``ended`` and ``cancel``."""
+    """Poll the run's state to ``finish``; when over, put how in ``ended``, ``cancel``."""
     from prefect.client.orchestration import get_client
 
     attempt: int | None = None  # the run's run count when the watch began

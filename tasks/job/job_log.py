@@ -32,7 +32,7 @@ class JobLogFormatter(logging.Formatter):
 
 
 def job_log_handler(log_file: str | Path) -> logging.FileHandler:
-    """Send the records of ``prefect`` and ``dupflow`` (INFO up) to the job log, redacted.
+    """Send ``prefect``'s and ``dupflow``'s records (INFO up) to the job log, redacted.
 
     Note: Prefect's logging is configured first: configuring it drops a handler added before.
     """

@@ -94,7 +94,7 @@ def directory_tag(job_dir: Path) -> str:
 
 
 def is_directory_run(tags: list[str], directory: str) -> bool:
-    """Whether a flow run of the job, by its ``tags``, is the directory's tagged ``directory``.
+    """Whether a job's flow run, by its ``tags``, is of the tagged ``directory``.
 
     Note: only if every directory tag it carries is the directory's; a run from before directories
     were tagged carries none and counts for every directory of its job.

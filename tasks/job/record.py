@@ -106,7 +106,7 @@ class FileEntry:
 
 
 class FileColumns(BaseModel):
-    """A model whose ``files`` are written as one list per field (``StepRecord``, ``DataFiles``)."""
+    """A model whose ``files`` are written as a list per field (a step's, a batch's)."""
 
     @field_serializer("files", when_used="json", check_fields=False)
     def files_as_columns(self, files: Sequence[FileEntry]) -> dict[str, list[Any]]:

@@ -63,7 +63,7 @@ def checked_result(path: Path) -> bytes:
 
 
 def read_result_record(path: Path) -> tuple[bytes, JsonObject]:
-    """Read the bytes and parsed record at ``path``, checked; else a ``RecordError`` naming it."""
+    """The checked bytes and record at ``path``; else a ``RecordError`` naming it."""
     label = f"the result record {path.name}"
     if not path.is_file():  # a FIFO would block the read
         raise RecordError(f"{label} is no regular file")
@@ -91,7 +91,7 @@ def foreign_names(value: Any) -> Iterator[str]:
 
 
 def is_product_model(name: str) -> bool:
-    """Whether ``name`` is a loaded pydantic model or file entry of ours (nothing is imported).
+    """Whether ``name`` is a loaded model or file entry of ours (nothing is imported).
 
     Note: a file entry is a dataclass (``DataFile``), in a flattening batch's result.
     """

@@ -273,7 +273,7 @@ class _Writer:
         select: Any,
         path: TypePath,
     ) -> None:
-        """Code making in ``where``'s pass the row of each element whose ``key`` is ``text``.
+        """Code making in ``where``'s pass the row of each element with ``key`` ``text``.
 
         Note: the select's columns, added to the list ``rows``."""
         indent, lines, constant = where.indent + 2, self.lines, self.constant(text)

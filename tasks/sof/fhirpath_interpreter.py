@@ -55,7 +55,7 @@ Ctx = dict[str, Any]
 
 class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ships no types
     def syntaxError(self, *args: Any) -> None:  # noqa: N802 - ANTLR's name
-        """ANTLR's (recognizer, offendingSymbol, line, column, msg, e): the column and message."""
+        """ANTLR's (recognizer, offendingSymbol, line, column, msg, e): column and message."""
         column, msg = args[3:5]
         raise FhirPathError(f"column {column + 1}: {msg}")
 

@@ -72,7 +72,7 @@ def resource_keys(found: Collection) -> list[str]:
 
 
 def reference_key(reference: Any) -> str | None:
-    """``Type/id`` of a literal reference (an absolute URL, ``_history``, a last ``/`` dropped)."""
+    """``Type/id`` of a literal reference (URL, ``_history`` and a last ``/`` dropped)."""
     if not isinstance(reference, str):
         return None
     parts = reference.split("/_history")[0].rstrip("/").split("/")

@@ -35,7 +35,7 @@ class LookupTable:
     parents: dict[str, str]
 
     def ancestors(self, element_id: str) -> list[str]:
-        """The element's ancestors, its parent first; none where they cycle or nest too deep.
+        """The element's ancestors, its parent first; none if they cycle or nest too deep.
 
         Note: ``lookup_problems`` reports those."""
         chain: list[str] = []
@@ -69,7 +69,7 @@ def load_lookup(path: Path) -> dict[str, LookupTable]:
 
 
 def _checked(path: Path) -> tuple[dict[str, LookupTable], list[str]]:
-    """The file's tables by profile url, and every problem (the tables then are not to use)."""
+    """The file's tables by profile url, and every problem (then, the tables unused)."""
     try:
         document: Any = read_json_file(path, MAX_LOOKUP_BYTES, f"the lookup file {path}")
     except JsonFileError as exc:

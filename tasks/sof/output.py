@@ -96,7 +96,7 @@ def _string_lines(batch: list[Any], width: int) -> bytes | None:
 
 
 def json_lines(rows: list[Any], width: int) -> bytes | None:
-    """Return the CSV lines of ``rows`` of ``width`` cells, made from their JSON (orjson).
+    """The CSV lines of ``rows`` of ``width`` cells, made from their JSON (orjson).
 
     Note: None where orjson refuses a value, a cell is an object, or ``array_lines`` refuses
     the arrays, one a line."""

@@ -1,4 +1,4 @@
-"""The elements a CRTDL filter reads, by its ``type``, its ``name`` and the group's type.
+"""The elements a CRTDL filter reads, by its ``type``, ``name``, the group's type.
 
 A filter whose name and type are not here cannot be applied (``tasks.sof.selection`` says so). The
 tables are data, in ``search_elements.json``. See docs/development.md, "The SQL-on-FHIR engine".

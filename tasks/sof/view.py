@@ -193,7 +193,7 @@ Part = list[Any] | _Reproduced
 
 
 def _kept(rows: Iterable[Row], produce: Callable[[], Iterable[Row]]) -> Part:
-    """A part's ``rows`` (as ``produce`` gives them) up to ``CACHED_ROWS``, else reproduced."""
+    """A part's ``rows`` (as ``produce`` gives them) to ``CACHED_ROWS``, or reproduced."""
     kept = list(islice(rows, CACHED_ROWS + 1))
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(produce)
 

@@ -1,4 +1,4 @@
-"""Streaming I/O: NDJSON(.zst), whole small files, progress, worker processes, fan-out.
+"""Streaming I/O: NDJSON(.zst), small files, progress, worker processes, fan-out.
 
 Its part of the exception tree (the root's: ``tasks.core.errors``)::
 

@@ -59,7 +59,7 @@ def write_file_atomically(
 
 @contextmanager
 def renamed_when_done(path: Path, *, shared: bool = False) -> Iterator[Path]:
-    """A temporary name beside ``path``, renamed to it when the block ends without an error.
+    """A temporary name beside ``path``, renamed to it if the block ends without error.
 
     Note: a failure removes it; an ``OSError`` raises ``JobWriteError``. ``shared``: see
     ``write_file_atomically``.

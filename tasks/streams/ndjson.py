@@ -396,7 +396,7 @@ class LineSplitter:
         return line
 
     def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
-        """The offset after the whole blank lines from ``start``, counted at once; 0 if none.
+        """The offset after the blank lines from ``start``, counted at once; 0 if none.
 
         Why: found at C speed, so a file of nothing but newlines (as a decompression bomb makes)
         is not read one line at a time.

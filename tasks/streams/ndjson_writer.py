@@ -224,7 +224,7 @@ class AtomicNdjsonWriter:
 
 
 def span_ends(path: Path, start: int, end: int) -> list[int]:
-    """Cut bytes ``start`` to ``end`` after newlines into a span per worker at most; the ends.
+    """Cut bytes ``start``-``end`` after newlines, a span a worker at most; the ends.
 
     Note: each at least ``SPAN_MIN_BYTES``, cut at the first newline from an equal share on.
     """
