@@ -363,19 +363,19 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         _compile_column(column, place, variables)
         for place, column in _listed(spec, "column", f"{where}.")
     ]
-    # the nested selects, then unionAll's branches, each one level deeper
-    selects, union = (
-        [
+
+    def nested(key: str) -> list[Select]:  # the selects at ``key``, each one level deeper
+        return [
             _compile_select(s, place, variables, depth + 1)
             for place, s in _listed(spec, key, f"{where}.")
         ]
-        for key in ("select", "unionAll")
-    )
+
+    selects, union = nested("select"), nested("unionAll")
     if "unionAll" in spec:
         _refuse_unlike_branches(union, where)
     # a unionAll's branches have the same names
     names = [c.name for c in columns] + [
-        name for nested in selects + union[:1] for name in nested.names
+        name for select in selects + union[:1] for name in select.names
     ]
     own = tuple(0 if c.evaluate.expression.strip() == ROW_INDEX else None for c in columns)
     null_row = own + (None,) * (len(names) - len(own))
