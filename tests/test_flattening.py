@@ -370,6 +370,15 @@ def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
     )
 
 
+def test_group_names_one_in_unicode_normalization_end_their_file_names_with_their_ids():
+    """macOS and SMB take a name's NFC and NFD forms for one file, as they take two cases for one."""
+    named = [("x", "Caf\u00e9"), ("y", "Cafe\u0301"), ("z", "CAFE\u0301")]
+    crtdl = {"dataExtraction": {"attributeGroups": [{"id": i, "name": n, "groupReference": "p"} for i, n in named]}}
+
+    assert [g.csv_name for g in attribute_groups(crtdl)] == ["Caf\u00e9-x.csv", "Cafe\u0301-y.csv", "CAFE\u0301-z.csv"]
+    assert group_name_problems(crtdl) == []
+
+
 def test_a_group_copied_without_an_id_is_refused_naming_each_copy_by_its_position():
     """TORCH takes a CRTDL whose group is there twice (both get one generated id); names alone cannot tell the two
     apart (a group without a name is named by its id), positions can."""

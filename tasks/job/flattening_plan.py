@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.kept import KeptByDigest
+from tasks.core.names import name_key
 from tasks.job.contract import StepInput, digest, settings_of
 from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
 from tasks.sof.crtdl_views import (
@@ -62,7 +63,7 @@ def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> Pla
             views.append(built)
     if warn:
         warn_shared_names(groups)
-    names = Counter(view.group.csv_name.casefold() for view in views)
+    names = Counter(name_key(view.group.csv_name) for view in views)
     if clashes := [name for name, count in names.items() if count > 1]:
         raise FlatteningError(
             f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them"
@@ -75,7 +76,7 @@ def warn_shared_names(groups: list[AttributeGroup]) -> None:
     sharing: dict[str, list[AttributeGroup]] = {}
     for group in groups:
         if group.csv_name != csv_file_name(group.name):
-            sharing.setdefault(csv_file_name(group.name).casefold(), []).append(group)
+            sharing.setdefault(name_key(csv_file_name(group.name)), []).append(group)
     for same in sharing.values():
         log.warning(
             "attribute groups %s share the name %r: their files are %s",

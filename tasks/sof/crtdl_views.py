@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.core.json_shapes import as_array, as_object, as_objects, JsonObject
-from tasks.core.names import name_from_data_problem, show_name
+from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.sof.errors import SofError, ViewError
 from tasks.sof.fhirpath_shared import MODEL
 from tasks.sof.lookup import LookupTable
@@ -134,10 +134,10 @@ def attribute_groups(crtdl: JsonObject) -> list[AttributeGroup]:
             )
         )
     _refuse_shared_ids(groups)
-    stems = Counter(made.file_stem.casefold() for made in groups)
+    stems = Counter(name_key(made.file_stem) for made in groups)
     return [
         replace(made, file_stem=f"{made.file_stem}-{short_group_id(made.id)}")
-        if stems[made.file_stem.casefold()] > 1
+        if stems[name_key(made.file_stem)] > 1
         else made
         for made in groups
     ]
@@ -202,7 +202,7 @@ def group_name_problems(crtdl: JsonObject) -> list[str]:
                 f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot "
                 f"name its CSV file: the file name {problem}; rename the group in the CRTDL"
             )
-        elif (owner := owners.setdefault(group.csv_name.casefold(), group)) is not group:
+        elif (owner := owners.setdefault(name_key(group.csv_name), group)) is not group:
             problems.append(
                 f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both "
                 f"write {show_name(group.csv_name)}; give each group its own id and name in the "
