@@ -25,6 +25,7 @@ from config.settings import RetrySettings, Settings, TlsSettings
 from tasks.clients.auth import TokenSource
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import ExtractionTaskClient
+from tasks.clients.extraction_documents import ExtractionError, ExtractionHandle
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, trusted_context
 from tasks.http_import import fetch_ndjson
@@ -313,6 +314,19 @@ def test_a_task_answer_that_is_json_but_no_resource_is_a_service_error(script, s
     script.replies["/fhir/Task/job-1"] = [Reply(200, body=b"[1, 2]")]
     with task_client(server) as client, pytest.raises(ServiceError, match="not a JSON object"):
         client.job("job-1")
+
+
+def test_a_manifest_nested_deeper_than_json_is_written_is_an_extraction_error(script, server):
+    """orjson reads 1,024 levels of JSON but writes 254: an error entry of such a manifest, copied into the error,
+    raised a bare RecursionError."""
+    deep = b'{"a":' * 999 + b"1" + b"}" * 999
+    request = f"{server.base_url}/fhir/$extract-data".encode()
+    manifest = b'{"transactionTime":"x","request":"%s","output":[],"error":[%s]}' % (request, deep)
+    script.replies["/fhir/__status/j1"] = [Reply(200, {"Content-Type": "application/json"}, manifest)]
+    handle = ExtractionHandle.from_status_url(f"{server.base_url}/fhir/__status/j1")
+    with ExtractionServerClient(ExtractorSettings(base_url=server.base_url), TLS) as client:
+        with pytest.raises(ExtractionError, match=r"answer is not JSON \(or nested deeper than JSON's sane"):
+            client.poll_until_complete(handle)
 
 
 # --- the OAuth answers (discovery, token) are read bounded -------------------------------------------------------

@@ -273,6 +273,13 @@ def test_an_answer_of_another_type_is_refused():
         checked_answer(b'{"resourceType":"OperationOutcome"}', patient(1))
 
 
+def test_an_answer_nested_deeper_than_json_is_written_is_refused_as_no_json():
+    """orjson reads 1,024 levels of JSON but writes 254: the text of such an answer's type raised a RecursionError."""
+    deep = b'{"resourceType":' * 1000 + b"1" + b"}" * 1000
+    with pytest.raises(PseudonymizationError, match="the service answered with something that is not JSON"):
+        checked_answer(deep, patient(1))
+
+
 def test_type_and_id_from_data_or_an_answer_show_escaped_and_bounded_in_messages():
     """They come from the data (an invalid id is what the service refuses) and the service: one forged line, an
     escape sequence or a megabyte of id would go into the step's error as it was."""

@@ -288,6 +288,22 @@ def test_a_failed_entry_in_a_200_transaction_response_stops_the_step(fhir_fake, 
     assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()  # nothing was confirmed
 
 
+def test_a_failed_entry_whose_outcome_is_nested_too_deeply_fails_the_batch_and_keeps_it(fhir_fake, tmp_path):
+    """orjson reads 1,024 levels of JSON but writes 254: the copy of such an outcome failed the step with a bare
+    TypeError, and the rejected batch was not kept."""
+    fhir_fake.state.fail_entry, fhir_fake.state.outcome_nesting = 2, 300
+    source = write_ndjson(tmp_path / "core.ndjson", generated(4, "f"))
+
+    with pytest.raises(StepError) as caught:
+        send_file(fhir_fake.base_url, source, tmp_path / "send")
+
+    message = str(caught.value)
+    assert "core.ndjson: batch 1 (4 entries) was rejected (HTTP 200)" in message
+    assert "the answer is not a Bundle; the server's answer cannot confirm the batch" in message
+    assert "422" in (tmp_path / "send" / "failed" / "core.ndjson-batch-1.response.txt").read_text()
+    assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()
+
+
 def test_a_413_then_a_smaller_batch_size_goes_on_after_the_last_confirmed_batch(fhir_fake, tmp_path):
     """The 413's advice is to lower services.send.batch_size: the progress record was then taken as another input's,
     and the confirmed batches were sent all over again."""

@@ -236,11 +236,17 @@ def operation_outcome_texts(body: bytes) -> list[str]:
 
 
 def json_or_none(body: bytes) -> Any:
-    """An answer's body parsed by orjson (nesting bounded); None when it is no JSON."""
+    """An answer's body parsed by orjson; None when it is no JSON or nested too deeply.
+
+    Why: orjson reads 1,024 levels but writes 254; a copy or a text (``str`` and ``json`` recurse
+    too) made of a deeper answer would fail.
+    """
     try:
-        return orjson.loads(body)
-    except ValueError:
+        document = orjson.loads(body)
+        orjson.dumps(document)  # too deep: a TypeError
+    except (ValueError, TypeError):
         return None
+    return document
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

@@ -22,7 +22,7 @@ from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
 from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline
-from tasks.clients.errors import BODY_LIMIT
+from tasks.clients.errors import BODY_LIMIT, json_or_none
 from tasks.core.redaction import redact
 from tasks.clients.http import FHIR_JSON_HEADERS, ServiceClient
 
@@ -165,12 +165,8 @@ def checked_answer(content: bytes, sent: JsonObject) -> bytes:
 
     Note: it must be a resource of the sent type with all its entries.
     """
-    try:
-        answer = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        raise PseudonymizationError(
-            "the service answered with something that is not JSON"
-        ) from None
+    if (answer := json_or_none(content)) is None:
+        raise PseudonymizationError("the service answered with something that is not JSON")
     sent_type = sent.get("resourceType")
     if not isinstance(answer, dict) or answer.get("resourceType") != sent_type:
         got = (

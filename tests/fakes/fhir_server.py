@@ -8,7 +8,8 @@ resource's id, the body itself is only counted). Fault switches (``FhirFakeState
 - ``reset_mid_response``: the next n requests are read in full, then the connection is closed half-way through
   the answer's headers (an ambiguous failure: the server did the work, the client never hears of it);
 - ``fail_entry``: the 0-based index of an entry that fails with ``422`` and an OperationOutcome inside an
-  otherwise 200 ``transaction-response`` (``fail_entry_once`` to fail one transaction only);
+  otherwise 200 ``transaction-response`` (``fail_entry_once`` to fail one transaction only), its OperationOutcome's
+  ``details`` nested ``outcome_nesting`` objects deep (a broken server's);
 - ``oauth``: an ``OAuthState`` (tests/fakes/oauth.py) whose tokens are required; a request with an unknown or
   revoked token gets 401, so a client must fetch a fresh token and try once more;
 - ``echo_credentials``: every request is refused with ``echo_status`` and a body that quotes the request's
@@ -56,6 +57,7 @@ class FhirFakeState:
     reset_mid_response: int = 0
     fail_entry: int | None = None
     fail_entry_once: bool = False
+    outcome_nesting: int = 0
     oauth: OAuthState | None = None
     echo_credentials: str | None = None  # "text" or "outcome"
     echo_status: int = 401
@@ -74,6 +76,7 @@ class FhirFakeState:
         with self.lock:
             self.unavailable = self.reset_mid_response = 0
             self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
+            self.outcome_nesting = 0
             self.echo_credentials, self.echo_status = None, 401
             self.drip_seconds, self.drip_header_seconds, self.answer_padding = 0.0, 0.0, 0
             self.max_body_bytes = None
@@ -162,12 +165,10 @@ class FhirHandler(LengthOnlyHandler):
             return
         if failing is not None and failing < len(entries):
             answers = [{"response": {"status": "200 OK"}} for _ in entries]
-            answers[failing] = {
-                "response": {
-                    "status": "422 Unprocessable Entity",
-                    "outcome": outcome("processing", f"{entry_key(entries[failing])}: profile validation failed"),
-                }
-            }
+            said = outcome("processing", f"{entry_key(entries[failing])}: profile validation failed")
+            for _ in range(self.state.outcome_nesting):
+                said["issue"][0]["details"] = {"extension": said["issue"][0].get("details", {})}
+            answers[failing] = {"response": {"status": "422 Unprocessable Entity", "outcome": said}}
             return self._send(200, {"resourceType": "Bundle", "type": "transaction-response", "entry": answers})
         with self.state.lock:
             self.state.applied.update(entry_key(e) for e in entries)
