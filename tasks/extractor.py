@@ -184,7 +184,8 @@ def started_no_job(exc: ServiceError, kickoff_url: str) -> bool:
         failed_request = cause.request if isinstance(cause, httpx.RequestError) else None
     except RuntimeError:  # httpx: raised before a request existed
         return False
-    return failed_request is not None and failed_request.url != httpx.URL(kickoff_url)
+    # without the query ``ServiceAuth`` adds (a token of base_url's)
+    return failed_request is not None and failed_request.url.copy_with(query=None) != kickoff_url
 
 
 def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) -> None:

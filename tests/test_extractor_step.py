@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -457,6 +458,20 @@ def test_a_kickoff_refused_with_400_reports_the_diagnostics_and_continue_submits
     assert f"Unknown Profile: {unknown}" in err and "may or may not have that job" not in err
     assert [s.status for s in torch.state.submissions] == [400, 400]
     assert "extraction_submission" not in read_facts(job_dir)
+
+
+def test_a_lost_kickoff_answer_stays_in_doubt_with_a_token_in_the_base_urls_query(capsys, extractor_config):
+    """The request goes with base_url's query (``ServiceAuth`` adds it): the failed kick-off was taken for another
+    request (the identity provider's), its attempt cleared, and continue submitted the extraction again."""
+    state = EchoState(replies=[Reply(reset=True)])
+    with LoopbackServer(EchoHandler, state) as server:
+        config = extractor_config(SimpleNamespace(base_url=f"{server.base_url}?access_token=Tok3n-abcdef123"))
+        assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
+        job_dir = only_job_dir(jobs_dir_of(config.parent))
+        assert "extraction_submission" in read_facts(job_dir)
+        assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
+    assert "may or may not have that job" in capsys.readouterr().err
+    assert len([r for r in state.requests if r.method == "POST"]) == 1
 
 
 @pytest.mark.parametrize(
