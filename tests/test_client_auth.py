@@ -201,7 +201,10 @@ def test_a_second_401_after_a_fresh_token_is_reported_not_retried_again(resource
     assert len(oauth.resource_requests) == 2
 
 
-def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_secret(resource, issuer, oauth):
+@pytest.mark.parametrize("status", [401, 200], ids=["401", "error-with-200"])
+def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_secret(resource, issuer, oauth, status):
+    """An RFC 6749 error answered 200 (GitHub's token endpoint) went out as authlib's OAuthError, no ServiceError."""
+    oauth.errors_with_200 = status == 200
     auth = AuthSettings(
         oauth_issuer_uri=issuer.base_url + REALM_PATH,
         oauth_client_id=oauth.client_id,
@@ -212,7 +215,7 @@ def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_s
             client.request("GET", "/data", deadline=A_MINUTE, operation="read data")
 
     error = raised.value
-    assert (error.status_code, error.transient, error.service) == (401, False, "oauth")
+    assert (error.status_code, error.transient, error.service) == (status, False, "oauth")
     assert "invalid_client" in str(error) and oauth.client_id in str(error)
     assert "wrong-secret-999" not in str(error) + repr(error)
     assert len(oauth.token_requests) == 1  # terminal: not retried

@@ -270,13 +270,13 @@ class TokenSource:
         return ServiceError("fetch OAuth token", None, message, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
-        """Raise a non-2xx token response as a ServiceError, never with the body.
+        """Raise a non-2xx or error token response as a ServiceError, never with the body.
 
-        Note: authlib's compliance hook.
+        Note: authlib's compliance hook; some (GitHub's) answer an RFC 6749 error with 200.
         """
-        if not response.is_error:
-            return response
         body = as_object(json_or_none(response.content))
+        if not response.is_error and "error" not in body:
+            return response
         if isinstance(error := body.get("error"), str):  # RFC 6749
             description = body.get("error_description")
             text = truncate(

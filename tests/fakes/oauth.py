@@ -6,7 +6,8 @@
   discovery can find); with ``discovery`` off it answers 404;
 - ``POST /oauth2/token`` and ``POST {issuer}/protocol/openid-connect/token`` (Keycloak's layout, the
   fallback) accept ``grant_type=client_credentials`` with the client id and secret in the form
-  (client_secret_post) or in Basic auth (client_secret_basic); a wrong secret gets 401 ``invalid_client``.
+  (client_secret_post) or in Basic auth (client_secret_basic); a wrong secret gets 401 ``invalid_client`` (200
+  with ``errors_with_200``, as GitHub's token endpoint answers).
 
 Access tokens are opaque random strings that expire ``expires_in`` seconds after issue (a float, so tests can
 use short lifetimes). ``ResourceHandler`` shares the same ``OAuthState`` and answers 200 only for a currently
@@ -40,6 +41,7 @@ class OAuthState:
     discovery: bool = True
     token_requests: list[str] = field(default_factory=list)  # path of every token request
     unavailable_next: int = 0  # answer that many next token requests with 503 (a brief outage)
+    errors_with_200: bool = False
     resource_requests: list[dict[str, str]] = field(default_factory=list)  # headers, lower-case names
     _issued: dict[str, float] = field(default_factory=dict)  # token -> monotonic expiry
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -112,7 +114,7 @@ class OAuthHandler(_JsonHandler):
             self._send_json(400, {"error": "unsupported_grant_type"})
         elif self._client_credentials(form) != (state.client_id, state.client_secret):
             self._send_json(
-                401,
+                200 if state.errors_with_200 else 401,
                 {"error": "invalid_client", "error_description": "Invalid client credentials"},
                 {"WWW-Authenticate": 'Basic realm="dupflow"'},
             )
