@@ -22,10 +22,12 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import (
     DownloadError,
     download_ndjson,
+    is_available,
     safe_file_name,
     target_names,
     wait_until_available,
 )
+from tasks.clients.bounds import within_deadlines
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
 from tasks.clients.extraction_documents import (
@@ -527,6 +529,16 @@ def test_a_file_that_never_appears_fails_after_the_configured_checks(torch, sim)
     with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="file_ready_retries"):
         wait_until_available(client.http, url, checks=4, interval=timedelta(seconds=1), sleep=sim.sleep)
     assert sim.sleeps == [1.0] * 3
+
+
+def test_a_check_of_a_server_that_does_not_answer_ends_at_its_deadline(monkeypatch):
+    """Only each read was bounded (30 s): a server dripping its headers held the check for days."""
+    monkeypatch.setattr("tasks.clients.downloads.PROBE_DEADLINE", timedelta(seconds=1))
+    state = EchoState(replies=[Reply(delay=20), Reply(delay=20)])
+    with LoopbackServer(EchoHandler, state) as server, httpx.Client() as client:
+        started = time.monotonic()
+        assert not is_available(within_deadlines(client), f"{server.base_url}/files/a.ndjson")
+    assert time.monotonic() - started < 10
 
 
 def test_zero_checks_disable_the_availability_check(torch, sim):

@@ -18,8 +18,9 @@ from urllib.parse import unquote
 import httpx
 
 from tasks.clients.body_reads import body_pieces
-from tasks.clients.bounds import declared_size
+from tasks.clients.bounds import Deadline, answer_within, declared_size
 from tasks.clients.errors import (
+    Call,
     ServiceError,
     is_transient_network_error,
     is_transient_status,
@@ -50,7 +51,8 @@ if TYPE_CHECKING:
 
 NDJSON_ACCEPT = "application/fhir+ndjson"
 PROBE_FALLBACK_STATUSES = (403, 404, 405)
-PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
+PROBE_DEADLINE = timedelta(seconds=30)
+PROBE_TIMEOUT = http_timeout(PROBE_DEADLINE)
 DEFAULT_MAX_FILES = 100_000
 # a 206's "bytes <first>-<last>/<size>" (its first byte), a 416's "bytes */<size>"
 CONTENT_RANGE = re.compile(r"bytes (?:(\d+)(?:-|\Z)|\*/(\d+)\Z)")
@@ -157,17 +159,22 @@ def _probe_status(
     """Return the status of a request whose body is never read.
 
     Note: a server may ignore Range.
-    Note: None on a network error that waiting may cure; an untrusted certificate or an unsupported
-    URL is raised at once.
+    Note: None on a network error that waiting may cure or no answer within ``PROBE_DEADLINE``; an
+    untrusted certificate or an unsupported URL is raised at once.
     """
+    call: Call = {"operation": "check that a result file is ready", "service": service_name(client)}
+    deadline = Deadline(PROBE_DEADLINE, "PROBE_DEADLINE of tasks/clients/downloads.py, 30 s")
     try:
-        with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
+        with answer_within(
+            client, deadline, method, url, **call, headers=headers, timeout=PROBE_TIMEOUT
+        ) as response:
             return response.status_code
+    except ServiceError:  # no answer within the deadline
+        return None
     except httpx.TransportError as exc:
         if is_transient_network_error(exc):
             return None
-        operation = "check that a result file is ready"
-        raise network_error(exc, operation=operation, service=service_name(client)) from exc
+        raise network_error(exc, **call) from exc
 
 
 def download_ndjson(
