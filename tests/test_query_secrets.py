@@ -71,6 +71,11 @@ def test_a_secret_in_a_fragment_or_a_path_parameter_counts_as_one_in_the_query()
     with pytest.raises(CredentialsInUrlError, match=r"a secret in its query \(access_token\)"):
         url = f"https://h.example/a#access_token={SECRET}"
         refuse_credentials_in_url(url, door="d", fix="f", tokens=True)
+    # a Java servlet's session in a status URL was stored in job.json
+    with pytest.raises(CredentialsInUrlError, match=r"a secret in its query \(jsessionid\)"):
+        url = f"https://h.example/fhir/__status/job-1;jsessionid={SECRET}"
+        refuse_credentials_in_url(url, door="d", fix="f", tokens=True)
+    refuse_credentials_in_url("https://h.example/fhir/a;version=2/b", door="d", fix="f", tokens=True)
     said = redact(f"at https://h.example/a;jsessionid={SECRET}/b and https://h/b#bearer={SECRET}")
     assert said == "at https://h.example/a;jsessionid=*** and https://h/b#bearer=***"  # to a space
 

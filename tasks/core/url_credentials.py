@@ -119,16 +119,16 @@ def refuse_credentials_in_url(
 ) -> None:
     """Raise ``CredentialsInUrlError`` when ``url`` carries user info.
 
-    Note: with ``tokens`` (a URL the job stores), a secret in its query too. ``door`` names
-    where the URL came from (empty where the message names the key already), ``fix`` what to do
-    (by default, of a URL the server sent).
+    Note: with ``tokens`` (a URL the job stores), a secret in its query (or path) too. ``door``
+    names where the URL came from (empty where the message names the key already), ``fix`` what to
+    do (by default, of a URL the server sent).
     """
     if url is None:
         return
     parts = split_url(url)
     if has_user_info(url):
         carried = "a user name or password (user:password@host; write a literal @ as %40)"
-    elif tokens and (found := _secret_names(f"?{parts.query}#{parts.fragment}")):
+    elif tokens and (found := _secret_names(f"{parts.path}?{parts.query}#{parts.fragment}")):
         carried = f"a secret in its query ({', '.join(show_text(name) for name in found)})"
     else:
         return
