@@ -62,7 +62,8 @@ def extractor(step: StepInput) -> StepResult:
         names = target_names(
             urls, compress=settings.compression.enabled, max_files=config.max_result_files
         )
-        arguments = [(step, url, name, client.files_need_token) for url, name in names.items()]
+        downloads = step.for_file_tasks([])  # of no input file
+        arguments = [(downloads, url, name, client.files_need_token) for url, name in names.items()]
         expect_files(len(arguments))
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     files = sorted(results_or_raise(outcomes), key=core_first)  # so in the record

@@ -261,7 +261,7 @@ def plan_pieces(
         size = file.size if len(spans) == 1 else None  # a span's size is not known
         for index, span in enumerate(spans, 1):
             piece = Piece(file.name, span, index, len(spans))
-            to_do.append(FileToDo(piece.label, size, (piece, file.resources)))
+            to_do.append(FileToDo(piece.label, size, (piece, file.resources), file))
     return to_do
 
 

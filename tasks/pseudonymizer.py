@@ -81,7 +81,7 @@ def pseudonymizer(step: StepInput) -> StepResult:
     config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
         FileToDo(
-            f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest)
+            f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest), f
         )
         for f in step.input_files()
     ]

@@ -51,7 +51,7 @@ def send(step: StepInput) -> StepResult:
     mode = settings.services.send.send_as
     step.output_dir.mkdir(parents=True, exist_ok=True)
     files = step.input_files()
-    to_do = [FileToDo(f.name, f.size, (f.name,)) for f in files]
+    to_do = [FileToDo(f.name, f.size, (f.name,), f) for f in files]
     if mode == "direct_resource_load":
         refuse_csv_input(files)
         reports = map_batches(send_files_direct, step, to_do)  # core first, as listed

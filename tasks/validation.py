@@ -81,7 +81,7 @@ def validation(step: StepInput) -> StepResult:
             "services.validation.url is not set; the validation step needs the validator's root URL"
         )
     files = [
-        FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources))
+        FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources), f)
         for f in step.input_files()
     ]
     checked: list[FileValidation] = map_batches(validate_files, step, files)

@@ -94,3 +94,33 @@ def test_continue_with_a_setting_that_shapes_a_finished_steps_output_runs_that_s
     state.reset()
     assert main(["continue", str(job_dir), "--set", changed, "--no-progress"]) == EXIT_OK
     assert state.requests == []  # the same settings again: nothing to redo
+
+
+def test_a_file_fixed_at_the_source_is_done_again_alone_and_its_unchanged_siblings_kept(
+    pseudonymizer_fake, tmp_path, write_config
+):
+    """The service refused b; the operator fixed b at the source, deleted import/b and continued: a, done and its
+    input unchanged, was pseudonymized again and its output rewritten (so sent again whole), as every file task's
+    key held a digest of the step's whole file list."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for name, base in (("a", 0), ("b", 10), ("c", 20)):
+        write_lines(source / f"{name}.ndjson", [patient(base + 1), patient(base + 2)])
+    tree = pseudonymizer_job(pseudonymizer_fake)
+    tree["pipeline"]["file_batches"] = {"max_files": 1}  # a cached task run per file
+    config = write_config(tree)
+    state = pseudonymizer_fake.state
+    state.reset(status_hook=lambda _: 400 if len(state.requests) > 2 else None)  # a's two pass, b's is refused
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_FAILED
+    job_dir = only_job_dir(tmp_path / "jobs")
+    done = (job_dir / "pseudonymizer" / "a.ndjson.zst").stat().st_mtime_ns
+
+    write_lines(source / "b.ndjson", [patient(11, gender="male"), patient(12)])
+    (job_dir / "import" / "b.ndjson.zst").unlink()  # imported again, alone
+    state.reset()
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+
+    assert len(state.requests) == 4  # b's two and c's
+    assert (job_dir / "pseudonymizer" / "a.ndjson.zst").stat().st_mtime_ns == done
+    fixed = [server_side(p, pseudonymizer_fake) for p in (patient(11, gender="male"), patient(12))]
+    assert read_output(job_dir / "pseudonymizer" / "b.ndjson.zst") == fixed

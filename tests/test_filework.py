@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tasks.job.contract import DataFile, StepInput, digest, settings_of
-from tasks.job.filework import batch_label, file_batches, map_files
+from tasks.job.filework import FileToDo, batch_label, file_batches, map_files, run_batches
 
 
 def where_it_runs(number: int) -> tuple[int, threading.Thread]:
@@ -58,20 +58,35 @@ def test_the_settings_are_loaded_again_when_the_overrides_or_the_configuration_c
     assert settings_of(step).retry.max_attempts == 3
 
 
-def test_file_tasks_get_the_steps_file_list_as_a_digest_and_their_keys_still_cover_it(tmp_path: Path):
+def test_a_batch_gets_its_own_files_as_a_digest_so_a_changed_file_redoes_its_batch_alone(tmp_path: Path, write_config):
     """Every file task's parameters held the step's whole file list: 0.5 s of bookkeeping a task run at 5,000
-    files, 3 s at 20,000, growing with the square of a step's files."""
-    files = [DataFile(name=f"batch-{n}.ndjson", size=100 + n, resources=n) for n in range(5_000)]
-    step = StepInput(job_id="j", job_dir=str(tmp_path), position=1, step="pseudonymizer", folder="import", files=files)
-    seen: list[StepInput] = []
+    files, growing with the square of a step's files. Then a digest of that list was in every batch's key: one
+    corrected file made every other file of the step be done again (hours of service work at 3,000 files)."""
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"], "file_batches": {"max_files": 1}}})
+    files = [DataFile(name=f"batch-{n}.ndjson", size=100 + n, resources=n, modified_ns=n) for n in range(5_000)]
+    step = StepInput(
+        job_id="j",
+        job_dir=str(tmp_path),
+        position=1,
+        step="pseudonymizer",
+        folder="import",
+        files=files,
+        config_path=str(config),
+    )
 
-    outcomes = map_files(lambda given, name: seen.append(given) or name, [(step, f.name) for f in files[:3]], workers=1)
+    def batches_of(step: StepInput) -> list[StepInput]:
+        seen: list[StepInput] = []
+        to_do = [FileToDo(f.name, f.size, (f.name,), f) for f in step.files[:3]]
+        labels = run_batches(lambda given, label, _: seen.append(given) or label, step, to_do, 1)
+        assert labels == [f.name for f in step.files[:3]]
+        return seen
 
-    assert outcomes == ["batch-0.ndjson", "batch-1.ndjson", "batch-2.ndjson"]
-    assert all(given.files == [] and given.files_digest for given in seen) and seen[0] is seen[2]
-    assert len(seen[0].model_dump_json()) < 1_000
-    changed = step.model_copy(update={"files": [*files[:-1], replace(files[-1], size=1)]})
-    assert changed.for_file_tasks().cache_identity() != seen[0].cache_identity()
+    before = batches_of(step)
+    assert all(given.files == [] and given.files_digest for given in before)
+    assert len(before[0].model_dump_json()) < 1_000
+    rewritten = replace(files[1], modified_ns=10**18)  # in place: the same size, a new time of change
+    after = batches_of(step.model_copy(update={"files": [files[0], rewritten, *files[2:]]}))
+    assert [a.cache_identity() == b.cache_identity() for a, b in zip(before, after, strict=True)] == [True, False, True]
 
 
 def test_a_digest_is_the_one_results_were_kept_under_and_made_without_holding_the_text_whole():

@@ -93,7 +93,7 @@ class StepInput(BaseModel):
     config_path: str | None = None
     overrides: dict[str, str] = {}
     files_digest: str | None = None
-    """``files`` as a digest, in the input of the step's file tasks (``for_file_tasks``)."""
+    """The files a file task works on as a digest, in its input (``for_file_tasks``)."""
     settings_digest: str | None = None
     """A digest of the settings that shape this step's output (``shaped_settings`` of its module):
     one changed since (``continue --set``, the file edited) runs the step, and the ones reading its
@@ -147,9 +147,12 @@ class StepInput(BaseModel):
     def result(
         self, files: list[DataFile], folder: Path | None = None, **summary: Any
     ) -> StepResult:
-        relative = str((folder or self.output_dir).relative_to(self.job_path))
         return StepResult(
-            step=self.step, position=self.position, folder=relative, files=files, summary=summary
+            step=self.step,
+            position=self.position,
+            folder=str((folder or self.output_dir).relative_to(self.job_path)),
+            files=files,
+            summary=summary,
         )
 
     def cache_identity(self) -> JsonObject:
@@ -163,16 +166,15 @@ class StepInput(BaseModel):
             mode="json", exclude={"job_dir", "facts", "config_path", "overrides"}
         )
 
-    def for_file_tasks(self) -> StepInput:
-        """The step as its file tasks get it, its files as a digest (still in the key).
+    def for_file_tasks(self, files: list[DataFile]) -> StepInput:
+        """The step as a file task on ``files`` gets it: those as a digest (in its key).
 
         Why: the whole list in every file task's parameters made bookkeeping grow with the square of
-        the files (0.5 s a task run at 5,000 files).
+        the files (0.5 s a task run at 5,000 files); its digest in every key made one changed file
+        redo all the others.
         """
-        if self.files_digest is not None:
-            return self
         return self.model_copy(
-            update={"files": [], "files_digest": digest(self.cache_identity()["files"])}
+            update={"files": [], "files_digest": digest([asdict(f) for f in files])}
         )
 
 
@@ -223,14 +225,16 @@ def job_cache_key(context: TaskRunContext, parameters: JsonObject) -> str:
     """The result's path in the job directory (``result_name``)."""
     step: StepInput = parameters["step"]
     others = {name: value for name, value in parameters.items() if name != "step"}
-    key = result_name(
-        step.job_id,
-        step.position,
-        step.step,
-        context.task.name,
-        digest([step.cache_identity(), others]),
+    return str(
+        JobPaths(step.job_path).results
+        / result_name(
+            step.job_id,
+            step.position,
+            step.step,
+            context.task.name,
+            digest([step.cache_identity(), others]),
+        )
     )
-    return str(JobPaths(step.job_path).results / key)
 
 
 def persisted_task(

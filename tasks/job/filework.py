@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import (
+    DataFile,
     StepInput,
     commit_each,
     data_files,
@@ -37,16 +38,13 @@ def map_files(
 ) -> list[R | Exception]:
     """Call ``file_task(*args)`` for every tuple of ``arguments``; list the outcomes.
 
-    Note: each tuple starts with the ``StepInput``; an outcome is a result or an exception. On the
-    Dask runner ``file_runner`` entered, else at most ``workers`` at once in-process.
+    Note: each tuple starts with the ``StepInput`` (``for_file_tasks``); an outcome is a result or
+    an exception. On the Dask runner ``file_runner`` entered, else at most ``workers`` at once
+    in-process.
     """
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    # one step's files: its input made small once for all
-    if arguments and isinstance(arguments[0][0], StepInput):
-        slim = arguments[0][0].for_file_tasks()
-        arguments = [(slim, *args[1:]) for args in arguments]
     context = FlowRunContext.get()
     on_dask = context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
     dask_task: Any = file_task  # a Task there
@@ -79,14 +77,16 @@ def map_files(
 
 
 class FileToDo(NamedTuple):
-    """A file of a step's batches: name, size, the step's call's arguments.
+    """A file of a step's batches: name, size, the step's call's arguments, its input file.
 
-    Note: a size of None is unknown: a batch of its own.
+    Note: a size of None is unknown: a batch of its own. ``file``, the step's input file it reads,
+    is in its batch's cache key.
     """
 
     name: str
     size: int | None
     args: tuple[Any, ...]
+    file: DataFile | None = None
 
 
 def map_batches(
@@ -116,13 +116,19 @@ def run_batches(
     """Each batch's outcome of ``batch_task(step, label, [args per file], *shared)``.
 
     Note: over ``files`` cut by ``pipeline.file_batches``, through ``map_files``: at most
-    ``workers`` batches at once, each cached as a whole.
+    ``workers`` batches at once, each cached as a whole: keyed by its own files
+    (``FileToDo.file``), so a changed file redoes its batch alone.
     """
     limits = settings_of(step).pipeline.file_batches
     batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
     arguments = [
-        (step, batch_label([files[i].name for i in batch]), [files[i].args for i in batch], *shared)
-        for batch in batches
+        (
+            step.for_file_tasks([f.file for f in batch if f.file]),
+            batch_label([f.name for f in batch]),
+            [f.args for f in batch],
+            *shared,
+        )
+        for batch in ([files[i] for i in cut] for cut in batches)
     ]
     return map_files(batch_task, arguments, workers)
 
