@@ -4,8 +4,6 @@ presses them (its API calls), against a real local Prefect server; each does wha
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,8 +16,9 @@ from flows.job_state import newest_run
 from flows.job_stop import CANCELLED_ON_SERVER, stop_watch
 from flows.run import EXIT_INTERRUPTED
 from tasks.job.layout import JobPaths
-from tests.conftest import REPO_ROOT, run_cli_here, wait_until
+from tests.conftest import run_cli_here, wait_until
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
+from tests.support.controls import finished, home_command, press, server_state
 from tests.support.deployments import api
 from tests.support.jobs import only_job_dir, source_dir, start_cli_process, step_results, wait_for
 from tests.support.prefect_servers import stop_runner_of, wait_until_stopped
@@ -60,16 +59,6 @@ def stopping(jobs_dir: Path) -> None:
     wait_until(lambda: "stopping the job's work" in log.read_text(), "the job's work stopping", timeout=30)
 
 
-def press(api_url: str, run_id: str, state: dict[str, Any]) -> None:
-    """A state change as the UI's buttons send it (``set_state``, forced)."""
-    answer = api(api_url, "POST", f"/flow_runs/{run_id}/set_state", json={"state": state, "force": True})
-    assert answer["status"] == "ACCEPT", answer
-
-
-def server_state(api_url: str, run_id: str) -> str:
-    return str(api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["name"])
-
-
 def test_a_cancel_during_a_send_stops_the_job_with_no_request_after_it(tmp_path, write_config, prefect_api):
     """The finding: after a Cancel the process sent all 400 requests, and the run stayed Cancelling for ever."""
     fake = start_fhir_fake(FhirFakeState(hold_from=5))
@@ -103,27 +92,6 @@ def released_note(job: Path) -> str:
     arrive as events, a moment after the flow run's state)."""
     wait_until(lambda: 1 in step_results(job), "the wait step's task run", timeout=30, every=0.2)
     return str(step_results(job)[1]["summary"]["inspection note"])
-
-
-def finished(process: subprocess.Popen) -> tuple[int, str]:
-    out, err = process.communicate(timeout=120)
-    return process.returncode, out + err
-
-
-def home_command(*args: str, home: Path) -> subprocess.Popen[str]:
-    """A command as a user types it on the home's local server: ``PREFECT_API_URL`` unset, so the command finds
-    the home's server (and its runner) by itself."""
-    import os
-
-    env = {name: value for name, value in os.environ.items() if name != "PREFECT_API_URL"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.run", *args],
-        cwd=REPO_ROOT,
-        env=env | {"PREFECT_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def pressed_mid_send(
