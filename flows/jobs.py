@@ -29,7 +29,7 @@ from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
 
-# a continue's own parameters: each continue gives them anew
+# a continue's own parameters: for one execution of the run (``forget_continue_flags``)
 CONTINUING = ("note", "attach", "resubmit")
 
 
@@ -50,15 +50,15 @@ def prepare_job(
     job_input: str | None,
     overrides: Mapping[str, str] | None,
     *,
-    overrides_source: str,
+    overrides_source: str = "the flow's overrides parameter",
     must_exist: bool = False,
 ) -> Job:
     """Make a new job, or find the existing one with ``job_id``: a flow run's.
 
     Note: an existing job must be given its own inputs (``refuse_other_inputs``); ``continue``
-    changes them (``existing_job``). ``overrides_source`` names the overrides' origin in the error
-    refusing a secret among them; with ``must_exist``, ``job_id`` names a job to continue, never
-    one to make.
+    changes them (``existing_job``). ``overrides_source`` names the overrides' origin (the flow's
+    parameter unless told) in the error refusing a secret among them; with ``must_exist``,
+    ``job_id`` names a job to continue, never one to make.
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
@@ -136,7 +136,8 @@ def refuse_other_inputs(
         for key, value in given.items()
         if value
         and key != "overrides.jobs_dir"
-        and not same_input(value, recorded.get(key), key in paths)
+        and value != recorded.get(key)
+        and not (key in paths and frozen_input(value) == recorded.get(key))
     ]
     if differing:
         raise JobError(
@@ -157,11 +158,6 @@ def flat_inputs(parameters: JsonObject) -> JsonObject:
     }
     overrides = parameters.get("overrides")
     return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
-
-
-def same_input(given: str, recorded: str | None, path: bool) -> bool:
-    """Whether ``given`` is ``recorded``; a ``path`` also as ``start`` froze it."""
-    return given == recorded or path and frozen_input(given) == recorded
 
 
 def frozen_input(job_input: str) -> str:

@@ -25,7 +25,13 @@ from flows.heartbeats import ensure_crash_detection
 from flows.job_stop import stop_watch
 from flows.job_card import JobRecordCard, publish_step_table
 from flows.job_state import job_lock, suspended_message
-from flows.jobs import Job, checked_attach, prepare_job, refuse_extraction_flags_of_a_followed_url
+from flows.jobs import (
+    CONTINUING,
+    Job,
+    checked_attach,
+    prepare_job,
+    refuse_extraction_flags_of_a_followed_url,
+)
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.core.readable import counted
 from tasks.core.redaction import redact
@@ -94,10 +100,14 @@ def pipeline(
         note: Continue past a wait step that paused the job, with this inspection note
             (``continue``'s form).
         attach: After a submission in doubt: follow the extraction at this status URL.
-        resubmit: After a submission in doubt: submit the extraction anew.
+        resubmit: After a submission in doubt: submit the extraction anew (note, attach and
+            resubmit apply once: a Retry of this run goes on without them).
     """
     checked_attach(attach)  # before anything is made or written
-    job = job_of_the_run(job_id, config_path, job_input, overrides)
+    forget_continue_flags()
+    job = prepare_job(
+        job_id or own_job_id(), config_path, job_input, overrides, must_exist=bool(job_id)
+    )
     if elsewhere := handed_over(job, note):
         return elsewhere
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
@@ -122,23 +132,18 @@ def pipeline(
             raise
 
 
-def job_of_the_run(
-    job_id: str | None,
-    config_path: str | None,
-    job_input: str | None,
-    overrides: dict[str, str] | None,
-) -> Job:
-    """Make or find the job the run's parameters name; an existing one's must match."""
-    source = "the flow's overrides parameter"
-    given = job_id or own_job_id()
-    return prepare_job(
-        given,
-        config_path,
-        job_input,
-        overrides,
-        overrides_source=source,
-        must_exist=bool(job_id),
-    )
+def forget_continue_flags() -> None:
+    """Drop ``continue``'s flags from the run's stored parameters: applied once.
+
+    Why: a Retry (UI, worker) or a hand-over executes the run again with its stored parameters;
+    a resubmit applied again submitted another extraction, an attach failed every Retry.
+    Note: dropped before any is applied: a run that dies first loses them, never applies them twice.
+    """
+    given = runtime.flow_run.parameters
+    if given.keys() & CONTINUING:
+        with get_client(sync_client=True) as client:
+            kept = {key: given[key] for key in given.keys() - CONTINUING}
+            client.update_flow_run(runtime.flow_run.id, parameters=kept)
 
 
 def ended_by_a_stop(job: Job, card: JobRecordCard, stopped: State[Any]) -> State[Any]:

@@ -342,12 +342,12 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: JsonObject | None) -> 
             config_path=job.config_path,
             job_input=job.job_input,
             overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
-        ) | (continuing or {})
+        )
         made = job_runs.new_job_run if continuing is None else job_runs.continued_job_run
         run = made(job.job_id, paths, parameters)
         end_start_up()
-        try:
-            return job_runs.execute(run, parameters)
+        try:  # a continue's flags for this execution alone: never stored with the run
+            return job_runs.execute(run, parameters | (continuing or {}))
         except TerminationSignal as exc:
             raise KeyboardInterrupt from exc
 
