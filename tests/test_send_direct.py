@@ -101,9 +101,31 @@ def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again
     send_file(sekmet.url, source, tmp_path / "send", job_id=job)
 
     for line in range(1, 6):
-        tagged = sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{entry_tag(f'{job}:core.ndjson:{line}')}")
+        code = entry_tag(f"{job}:core.ndjson:{line}", orjson.dumps(no_ids[line - 1]))
+        tagged = sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}")
         assert len(tagged) == 1
         assert tagged[0]["code"] == {"text": f"x{line - 1}"}
+
+
+@pytest.mark.slow
+def test_resources_without_id_written_anew_are_created_with_their_new_content(sekmet, tmp_path):
+    """A file written anew is sent again from its start, but an id-less resource's conditional create looked for a
+    tag of its job, file and line alone: the server found the old resource and the new content was never stored."""
+    job = uuid.uuid4().hex
+    old, new = ({"resourceType": "Observation", "status": "final", "code": {"text": t}} for t in ("old", "new"))
+    source = write_ndjson(tmp_path / "core.ndjson", [old])
+    send_file(sekmet.url, source, tmp_path / "send", job_id=job)
+    stamp = source.stat().st_mtime_ns
+    write_ndjson(source, [new])
+    os.utime(source, ns=(stamp + 1_000_000, stamp + 1_000_000))  # a file system's coarse clock
+    send_file(sekmet.url, source, tmp_path / "send", job_id=job)
+    (tmp_path / "send" / "progress" / "core.ndjson.json").unlink()  # as if killed before the record was written
+    send_file(sekmet.url, source, tmp_path / "send", job_id=job)
+
+    for resource in (old, new):  # each stored once
+        code = entry_tag(f"{job}:core.ndjson:1", orjson.dumps(resource))
+        tagged = sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}")
+        assert [r["code"] for r in tagged] == [resource["code"]]
 
 
 @pytest.mark.slow
@@ -446,7 +468,7 @@ def test_kill_9_mid_file_then_continue_resumes_at_the_first_unsent_batch(sekmet,
     )  # at most the one batch in flight at the kill was sent twice
     without = [i for i, r in enumerate(resources) if "id" not in r]
     for index in without:
-        code = entry_tag(f"{job}:batch-1.ndjson:{index + 1}")
+        code = entry_tag(f"{job}:batch-1.ndjson:{index + 1}", orjson.dumps(resources[index]))
         assert (
             len(sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}"))
             + len(sekmet.search("Patient", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}"))

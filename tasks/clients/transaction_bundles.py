@@ -145,7 +145,7 @@ def transaction_entry(
         body = raw if raw is not None else written(resource, where)
     else:
         label = f"{resource_type} (no id)"
-        code = entry_tag(tag)
+        code = entry_tag(tag, written(resource, where))
         request = {
             "method": "POST",
             "url": resource_type,
@@ -155,9 +155,12 @@ def transaction_entry(
     return prefix + b'"resource":' + body + b',"request":' + orjson.dumps(request) + b"}", label
 
 
-def entry_tag(position: str) -> str:
-    """The tag code of a POST entry: stable for the job, file and position, short."""
-    return hashlib.sha256(position.encode()).hexdigest()[:32]
+def entry_tag(position: str, content: bytes) -> str:
+    """The tag code of a POST entry: stable for the job, file, position and content, short.
+
+    Why: a file written anew is sent again: its new content at a position must be created too.
+    """
+    return hashlib.sha256(position.encode() + b"\n" + content).hexdigest()[:32]
 
 
 def with_tag(resource: JsonObject, code: str, where: str) -> JsonObject:
