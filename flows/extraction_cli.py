@@ -14,6 +14,7 @@ from typing import Any
 from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import jobs_dir_of
+from flows import prefect_server
 from flows.terminal import Commands, command_group, print_stderr
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import (
@@ -145,6 +146,7 @@ def service_failure_text(exc: ServiceError, server: str | None) -> str:
 
 
 def open_client(config_path: str) -> ExtractionTaskClient:
+    prefect_server.use_server_for(config_path)
     loaded = load_settings(config_path)
     for warning in loaded.warnings:
         print_stderr(f"warning: {warning}")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
+from config.yaml_file import names_secret_blocks
 from flows.prefect_api import REFUSED, TIMEOUT, Answer, api_answer, refused_login, require_answer
 from flows.prefect_profile import finish_recording, start_recording
 from flows.server_process import (
@@ -81,6 +82,12 @@ class ServerRecord:
     started_at: str
     # a secret of this start, echoed by the server's settings: the server is this home's own
     nonce: str = ""
+
+
+def use_server_for(config_path: str | None) -> None:
+    """``use_server`` where the configuration names Secret blocks: they are read from it."""
+    if names_secret_blocks(config_path):
+        use_server()
 
 
 def use_server() -> None:

@@ -28,7 +28,6 @@ from config.loader import (
     load_settings,
     refuse_secret_overrides,
 )
-from config.yaml_file import names_secret_blocks
 from config.runtime import (
     apply_process_defaults,
     job_on_command_line,
@@ -226,8 +225,7 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
-    if names_secret_blocks(args.config):
-        prefect_server.use_server()  # its Secret blocks are read from the jobs' server
+    prefect_server.use_server_for(args.config)
     # Its warnings are printed below the table, not logged (Python's last-resort handler prints each
     # bare)
     config_logger = logging.getLogger(CONFIG_LOGGER)
@@ -254,8 +252,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     config_path, job_input = args.config, args.input
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
-    if names_secret_blocks(config_path):
-        prefect_server.use_server()  # its Secret blocks are read from the jobs' server
+    prefect_server.use_server_for(config_path)
     try:  # the read the job's preparation uses (``cached_settings``: same file, same overrides)
         settings = cached_settings(config_path, overrides)
     except ConfigError:  # read once more, only to name the flag that set a wrong value in the error

@@ -17,10 +17,12 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from tests.support.ports import free_port
 from tasks.core.redaction import redact
-from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.conftest import TESTDATA, extraction_tree, run_cli, seed_prefect_home
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
+from tests.support.controls import finished, home_command
+from tests.support.prefect_servers import kill_servers_of, stop_runner_of
 from tests.support.jobs import job_file, read_artifacts
 from tests.support.filesystem import files_under
 from tests.support.leaks import database_texts, forms
@@ -89,6 +91,25 @@ def test_a_secret_block_supplies_the_extraction_password_and_is_stored_nowhere(
         assert leaked not in printed and leaked not in in_prefect
         for path in stores:
             assert leaked.encode() not in path.read_bytes(), f"the block's password leaked into {path}"
+
+
+def test_the_extraction_commands_read_a_secret_block_from_the_homes_own_server(
+    tmp_path, write_config, prefect_database
+):
+    """Without PREFECT_API_URL, start and config check read Secret blocks from the local server the command line
+    keeps (started if need be); the extraction commands did not look for it: PREFECT_API_URL is not set."""
+    from flows.prefect_server import stop_server
+
+    home = seed_prefect_home(tmp_path / "home", prefect_database)
+    config = write_config(extractor_tree("http://127.0.0.1:9"))
+    try:
+        code, said = finished(home_command("extraction", "list", str(config), home=home))
+    finally:
+        stop_runner_of(home)
+        stop_server(home)
+        kill_servers_of(home)
+    assert code == 2
+    assert re.search(rf"the Prefect API http://127\.0\.0\.1:\d+/api has no Secret block named {BLOCK}", said), said
 
 
 def test_the_block_value_is_loaded_into_the_settings_and_redacted(write_config, secret_block):
