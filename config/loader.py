@@ -143,7 +143,9 @@ def load_settings(
         settings = Settings.model_validate(tree, context={"warnings": warnings})
     except ValidationError as error:
         skip = {path for path, _ in unresolved}
-        raise ConfigError(problems + validation_problems(error, raw_sources, skip)) from None
+        # a deprecated key's variable named at its own key and at the one it sets
+        sources = raw_sources | _final_sources(raw_sources)
+        raise ConfigError(problems + validation_problems(error, sources, skip)) from None
     if problems:
         raise ConfigError(problems)
     warnings += register_secrets(settings)

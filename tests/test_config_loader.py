@@ -313,6 +313,18 @@ def test_a_variable_overrides_a_timing_key_the_file_writes_in_the_other_shape(
         assert (got, loaded.sources["services.extractor.polling_interval"]) == wanted
 
 
+def test_a_legacy_timing_variable_below_the_minimum_is_named_in_the_error(write_yaml_text) -> None:
+    """Its value moves to the current key, whose check named no variable: the file's polling_interval seemed to be
+    at fault, and setting it as the error said changed nothing."""
+    env = {"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS": "0"}
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  extractor:\n    polling_interval: PT5S\n")
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env=env)
+    (problem,) = error.value.problems
+    variable = "(from APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS)"
+    assert problem.startswith(f"services.extractor.polling_interval {variable}: is PT0S, below the minimum")
+
+
 def test_both_shapes_of_a_timing_key_from_one_source_stay_an_error(write_yaml_text) -> None:
     env = {"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "PT5S", "APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS": "5"}
     with pytest.raises(ConfigError, match="polling_interval_seconds.*delete the deprecated"):
