@@ -64,7 +64,7 @@ def run_gate(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot "
             f"be suspended; run it with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    key = job_state.gate_pause_key(step.position)
+    key = job_state.gate_pause_key(step.position, runtime.flow_run.run_count)
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)
     if answer is None and note is not None and gate_result_path(step, "paused").is_file():

@@ -42,12 +42,16 @@ SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")
 # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 TAGS_PER_REQUEST = 100
 # the pause key of a wait step's own suspension (``gate_pause_key``); any other is a UI Suspend
-GATE_PAUSE_KEY = re.compile(r"wait-(\d+)")
+GATE_PAUSE_KEY = re.compile(r"wait-(\d+)(?:-\d+)?")  # then the run count (none: an earlier version)
 
 
-def gate_pause_key(position: int) -> str:
-    """The pause key of the wait step at ``position``, as ``GATE_PAUSE_KEY`` reads it."""
-    return f"wait-{position:02d}"
+def gate_pause_key(position: int, run_count: int) -> str:
+    """The pause key of the wait step at ``position``, as ``GATE_PAUSE_KEY`` reads it.
+
+    Why: a suspension that ended unanswered (timed out, cancelled) fired its key for good; a
+    Retry (a new ``run_count``; a Resume keeps it) suspends under a new one.
+    """
+    return f"wait-{position:02d}-{run_count}"
 
 
 class JobLockedError(JobError):

@@ -134,6 +134,37 @@ def test_a_resume_in_the_ui_runs_a_suspended_command_line_job_to_its_end_with_no
     assert released_note(job) == "dates checked"
 
 
+@pytest.mark.parametrize("stop", ["cancelled", "timed out"])
+def test_a_retry_in_the_ui_of_a_job_stopped_at_its_wait_brings_it_back_to_its_wait(
+    tmp_path, write_config, prefect_api, stop
+):
+    """The finding: the stopped suspension had fired its pause key for good; each Retry suspended under it again,
+    was refused, and failed on a form never filled in (only continue on a terminal went on)."""
+    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    source = tmp_path / "in"
+    write_ndjson(source / "data.ndjson", generated(3, "p"))
+    timeout = {"wait_timeout": "PT2S"} if stop == "timed out" else {}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"], **timeout}})
+    code, said = finished(home_command("start", str(config), str(source), "--no-progress", home=home))
+    assert code == 0 and "awaiting inspection" in said, said
+    job = only_job_dir(tmp_path / "jobs")
+    run = newest_run(JobPaths(job))
+    assert run is not None
+    if stop == "cancelled":  # the server cancels a suspended run at once (its answer: REJECT, "no infrastructure")
+        cancelling = {"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}
+        api(api_url, "POST", f"/flow_runs/{run['id']}/set_state", json=cancelling)
+    ended = "Cancelled" if stop == "cancelled" else "Failed"  # Prefect fails a pause past its time
+    wait_until(lambda: server_state(api_url, run["id"]) == ended, ended, timeout=120, every=0.5)
+
+    press(api_url, run["id"], {"type": "SCHEDULED", "name": "AwaitingRetry"})
+    wait_until(lambda: server_state(api_url, run["id"]) == "Suspended", "Suspended again", timeout=90, every=0.5)
+    answer = {"run_input": {"confirmed": True, "note": "dates checked"}}
+    api(api_url, "POST", f"/flow_runs/{run['id']}/resume", json=answer)
+
+    wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
+    assert released_note(job) == "dates checked"
+
+
 def test_deleting_a_running_jobs_run_ends_it_at_its_next_batch_in_one_line(tmp_path, write_config, prefect_api):
     """The finding: the process went on to the end, then 76 lines with two tracebacks, exit 1."""
     fake = start_fhir_fake(FhirFakeState(hold_from=5))
