@@ -85,7 +85,7 @@ class ServerRecord:
 
 
 def use_server_for(config_path: str | None) -> None:
-    """``use_server`` where the configuration names Secret blocks: they are read from it."""
+    """``use_server`` where the configuration names Secret blocks, read from it."""
     if names_secret_blocks(config_path):
         use_server()
 

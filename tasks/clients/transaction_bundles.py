@@ -156,7 +156,7 @@ def transaction_entry(
 
 
 def entry_tag(position: str, content: bytes) -> str:
-    """The tag code of a POST entry: stable for the job, file, position and content, short.
+    """The tag code of a POST entry: stable for job, file, position and content.
 
     Why: a file written anew is sent again: its new content at a position must be created too.
     """

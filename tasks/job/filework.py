@@ -77,7 +77,7 @@ def map_files(
 
 
 class FileToDo(NamedTuple):
-    """A file of a step's batches: name, size, the step's call's arguments, its input file.
+    """A file of a step's batches: name, size, the call's arguments, its input file.
 
     Note: a size of None is unknown: a batch of its own. ``file``, the step's input file it reads,
     is in its batch's cache key.
