@@ -29,6 +29,7 @@ from tasks.clients.downloads import (
 )
 from tasks.clients.bounds import within_deadlines
 from tasks.clients.errors import ServiceError
+from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
 from tasks.clients.extraction_documents import (
     DeadHandleError,
@@ -539,6 +540,15 @@ def test_a_check_of_a_server_that_does_not_answer_ends_at_its_deadline(monkeypat
         started = time.monotonic()
         assert not is_available(within_deadlines(client), f"{server.base_url}/files/a.ndjson")
     assert time.monotonic() - started < 10
+
+
+def test_a_check_answered_compressed_is_refused_as_every_answer_is():
+    """Only the deadline's passing is "not ready yet": a refusal of the answer stays one."""
+    state = EchoState(replies=[Reply(200, {"Content-Encoding": "gzip"}, b"")])
+    with LoopbackServer(EchoHandler, state) as server:
+        with build_client(ServiceEndpoint("svc", server.base_url), TlsSettings()) as client:
+            with pytest.raises(ServiceError, match="came compressed"):
+                is_available(client, f"{server.base_url}/files/a.ndjson")
 
 
 def test_zero_checks_disable_the_availability_check(torch, sim):

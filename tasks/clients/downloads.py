@@ -169,8 +169,10 @@ def _probe_status(
             client, deadline, method, url, **call, headers=headers, timeout=PROBE_TIMEOUT
         ) as response:
             return response.status_code
-    except ServiceError:  # no answer within the deadline
-        return None
+    except ServiceError as exc:  # no answer within the deadline; else refused (compressed, login)
+        if exc.no_answer:
+            return None
+        raise
     except httpx.TransportError as exc:
         if is_transient_network_error(exc):
             return None
