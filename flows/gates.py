@@ -64,9 +64,13 @@ def run_gate(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot "
             f"be suspended; run it with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    key = job_state.gate_pause_key(step.position, runtime.flow_run.run_count)
-    answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
-    answer = read_flow_run_input(answer_key)
+    keys = [
+        job_state.gate_pause_key(step.position, n) for n in range(runtime.flow_run.run_count, 0, -1)
+    ]
+    answer_keys = [keyset_from_paused_state(Suspended(pause_key=k))["response"] for k in keys]
+    # an answer given in an earlier attempt of the run stands (its note kept, no form again)
+    answer = next(filter(None, map(read_flow_run_input, answer_keys)), None)
+    key, answer_key = keys[0], answer_keys[0]
     if answer is None and note is not None and gate_result_path(step, "paused").is_file():
         create_flow_run_input(answer_key, answer := {"confirmed": True, "note": note})
     if answer is None:
