@@ -199,7 +199,7 @@ def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         print_json({"jobs": [job.as_json() for job in jobs]})
         return EXIT_OK
     if not jobs:
-        print("no extraction jobs" + (" match" if ids or statuses else " on the server"))
+        print(f"no extraction jobs{' match' if ids or statuses else ' on the server'}")
         return EXIT_OK
     print_table(
         ("ID", "STATUS", "PRIORITY", "BATCHES", "COHORT", "AGE"),

@@ -321,7 +321,7 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
     options = ["--older-than", args.older_than] if args.older_than else []
     options += [option for state in args.state or [] for option in ("--state", state)]
     options += ["--jobs-dir", args.jobs_dir] if args.jobs_dir else []
-    print(f"to remove them: {CLI} " + shlex.join(["prune", *options, "--yes"]))
+    print(f"to remove them: {CLI} {shlex.join(['prune', *options, '--yes'])}")
 
 
 def begun_removals(jobs_dir: Path) -> list[Path]:

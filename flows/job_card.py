@@ -259,7 +259,7 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     Why: ``/artifacts/key/<key>`` would list every version.
     Note: position None holds those of no single step, e.g. the inspection note.
     """
-    prefix = artifact_key(job_id) + "-"
+    prefix = f"{artifact_key(job_id)}-"
     by_key = filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
     with get_client(sync_client=True) as client:
         found = client.read_latest_artifacts(artifact_filter=by_key)

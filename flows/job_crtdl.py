@@ -120,4 +120,4 @@ def refuse_unusable_group_names(source: Path, crtdl: JsonObject) -> None:
     except ValueError as exc:
         raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
     if problems:
-        raise JobError(f"CRTDL {source}: " + "; ".join(problems))
+        raise JobError(f"CRTDL {source}: {'; '.join(problems)}")

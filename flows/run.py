@@ -206,7 +206,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
             overrides[key] = value
-            labels[key] = "--" + attr.replace("_", "-")
+            labels[key] = f"--{attr.replace('_', '-')}"
     return overrides, labels
 
 

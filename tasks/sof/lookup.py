@@ -64,7 +64,7 @@ def load_lookup(path: Path) -> dict[str, LookupTable]:
     """The lookup file's tables by profile url; a ``SofError`` lists every problem."""
     tables, problems = _checked(path)
     if problems:
-        raise SofError(f"lookup file {path}: " + "; ".join(problems))
+        raise SofError(f"lookup file {path}: {'; '.join(problems)}")
     return tables
 
 
