@@ -18,9 +18,9 @@ from flows.run import EXIT_INTERRUPTED
 from tasks.job.layout import JobPaths
 from tests.conftest import run_cli_here, wait_until
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
-from tests.support.controls import finished, home_command, press, server_state
+from tests.support.controls import finished, home_command, press, released_note, server_state
 from tests.support.deployments import api
-from tests.support.jobs import only_job_dir, source_dir, start_cli_process, step_results, wait_for
+from tests.support.jobs import only_job_dir, source_dir, start_cli_process, wait_for
 from tests.support.prefect_servers import stop_runner_of, wait_until_stopped
 from tests.support.sending import generated, write_ndjson
 
@@ -87,13 +87,6 @@ def test_a_cancel_during_a_send_stops_the_job_with_no_request_after_it(tmp_path,
     assert job.name in run_cli_here("prune", "--state", "Cancelled", "--jobs-dir", str(job.parent)).stdout
 
 
-def released_note(job: Path) -> str:
-    """The inspection note of the job's released wait step (second), once the server has its task run (task runs
-    arrive as events, a moment after the flow run's state)."""
-    wait_until(lambda: 1 in step_results(job), "the wait step's task run", timeout=30, every=0.2)
-    return str(step_results(job)[1]["summary"]["inspection note"])
-
-
 def pressed_mid_send(
     tmp_path: Path, write_config: Any, prefect_api: dict[str, Any], fake: Any, state: dict[str, Any]
 ) -> tuple[dict[str, Any], int, str]:
@@ -131,32 +124,6 @@ def test_a_resume_in_the_ui_runs_a_suspended_command_line_job_to_its_end_with_no
     api(prefect_api["api_url"], "POST", f"/flow_runs/{run['id']}/resume", json=answer)
 
     wait_until(lambda: server_state(prefect_api["api_url"], run["id"]) == "Completed", "Completed", timeout=60)
-    assert released_note(job) == "dates checked"
-
-
-def test_a_retry_in_the_ui_of_a_job_past_its_wait_timeout_brings_it_back_to_its_wait(
-    tmp_path, write_config, prefect_api
-):
-    """The finding: the suspension that ended unanswered (past pipeline.wait_timeout, or cancelled) had fired its
-    pause key for good; each Retry suspended under it again, was refused, and failed on a form never filled in
-    (only continue on a terminal went on)."""
-    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
-    source = tmp_path / "in"
-    write_ndjson(source / "data.ndjson", generated(3, "p"))
-    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"], "wait_timeout": "PT2S"}})
-    code, said = finished(home_command("start", str(config), str(source), "--no-progress", home=home))
-    assert code == 0 and "awaiting inspection" in said, said
-    job = only_job_dir(tmp_path / "jobs")
-    run = newest_run(JobPaths(job))
-    assert run is not None
-    wait_until(lambda: server_state(api_url, run["id"]) == "Failed", "the pause past its time", timeout=120, every=0.5)
-
-    press(api_url, run["id"], {"type": "SCHEDULED", "name": "AwaitingRetry"})
-    wait_until(lambda: server_state(api_url, run["id"]) == "Suspended", "Suspended again", timeout=90, every=0.5)
-    answer = {"run_input": {"confirmed": True, "note": "dates checked"}}
-    api(api_url, "POST", f"/flow_runs/{run['id']}/resume", json=answer)
-
-    wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
     assert released_note(job) == "dates checked"
 
 

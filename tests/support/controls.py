@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, wait_until
 from tests.support.deployments import api
+from tests.support.jobs import step_results
 
 
 def press(api_url: str, run_id: str, state: dict[str, Any]) -> None:
@@ -39,3 +40,10 @@ def home_command(*args: str, home: Path) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def released_note(job: Path) -> str:
+    """The inspection note of the job's released wait step (second), once the server has its task run (task runs
+    arrive as events, a moment after the flow run's state)."""
+    wait_until(lambda: 1 in step_results(job), "the wait step's task run", timeout=30, every=0.2)
+    return str(step_results(job)[1]["summary"]["inspection note"])
