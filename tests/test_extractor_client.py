@@ -27,7 +27,6 @@ from tasks.clients.downloads import (
     target_names,
     wait_until_available,
 )
-from tasks.clients.bounds import within_deadlines
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
@@ -536,9 +535,10 @@ def test_a_check_of_a_server_that_does_not_answer_ends_at_its_deadline(monkeypat
     """Only each read was bounded (30 s): a server dripping its headers held the check for days."""
     monkeypatch.setattr("tasks.clients.downloads.PROBE_DEADLINE", timedelta(seconds=1))
     state = EchoState(replies=[Reply(delay=20), Reply(delay=20)])
-    with LoopbackServer(EchoHandler, state) as server, httpx.Client() as client:
-        started = time.monotonic()
-        assert not is_available(within_deadlines(client), f"{server.base_url}/files/a.ndjson")
+    with LoopbackServer(EchoHandler, state) as server:
+        with build_client(ServiceEndpoint("svc", server.base_url), TlsSettings()) as client:
+            started = time.monotonic()
+            assert not is_available(client, f"{server.base_url}/files/a.ndjson")
     assert time.monotonic() - started < 10
 
 
